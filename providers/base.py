@@ -1,0 +1,107 @@
+"""The one small interface every market adapter implements.
+
+In the spirit of gpuhunt: a provider answers ``offers(query)`` with flat,
+normalised :class:`~broker.models.Offer` items; the broker never sees a
+provider's own shapes. Launch/poll/release/owned make it a full market:
+
+- ``launch`` is idempotent on ``LaunchRequest.client_token`` (derived from the
+  job id and attempt): calling it twice never buys twice.
+- ``owned`` lists everything this Lockstep installation holds at the provider
+  (by tag, label or job comment), so the broker can reconcile after a crash.
+- Errors are the :mod:`broker.errors` provider hierarchy, nothing else.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+
+from pydantic import BaseModel, Field
+
+from broker.models import Allocation, AllocationStatus, JobSpec, Market, Offer
+
+OWNER_TAG = "lockstep:owner"  # tag/label key marking what Lockstep owns
+JOB_TAG = "lockstep:job"
+TENANT_TAG = "lockstep:tenant"
+
+
+class OfferQuery(BaseModel):
+    """Constraints a provider may push down to its API; all optional.
+
+    Providers may return more than asked (the router filters again), never less.
+    """
+
+    gpus: list[str] | None = None  # canonical models
+    min_gpus_per_node: int | None = None
+    min_gpu_memory_gb: float | None = None
+    max_usd_per_hour: float | None = None  # per node
+    markets: list[Market] | None = None
+    regions: list[str] | None = None
+    min_reliability: float | None = None
+    nodes: int | None = None
+    disk_gb: float | None = None
+
+    @classmethod
+    def for_job(cls, spec: JobSpec) -> OfferQuery:
+        return cls(
+            gpus=list(spec.gpu),
+            min_gpus_per_node=spec.gpus_per_node,
+            min_gpu_memory_gb=spec.min_gpu_memory_gb or None,
+            markets=list(spec.markets),
+            regions=spec.regions,
+            min_reliability=spec.min_reliability or None,
+            nodes=spec.nodes,
+            disk_gb=spec.disk_gb,
+        )
+
+
+class LaunchRequest(BaseModel):
+    job_id: str
+    tenant: str = "default"
+    attempt: int = 0
+    spec: JobSpec
+    offer: Offer
+    nodes: int = Field(ge=1)
+    installation: str = "lockstep"  # owner tag value; lets two installs share an account
+
+    @property
+    def client_token(self) -> str:
+        """Idempotency token: the same job and attempt always give the same token (≤ 64 chars)."""
+        digest = hashlib.sha256(f"{self.installation}/{self.job_id}/{self.attempt}".encode()).hexdigest()
+        return f"ls-{digest[:40]}"
+
+
+class Provider(abc.ABC):
+    """A market. Subclasses are small: translate, call, normalise, map errors."""
+
+    name: str = "provider"
+
+    @abc.abstractmethod
+    async def offers(self, query: OfferQuery | None = None) -> list[Offer]:
+        """Current offers, normalised. May push ``query`` down; never returns fewer than match."""
+
+    async def launch(self, req: LaunchRequest) -> Allocation:
+        raise NotImplementedError(f"{self.name} is read-only")
+
+    async def poll(self, alloc: Allocation) -> AllocationStatus:
+        raise NotImplementedError(f"{self.name} is read-only")
+
+    async def release(self, alloc: Allocation) -> None:
+        raise NotImplementedError(f"{self.name} is read-only")
+
+    async def owned(self) -> list[Allocation]:
+        """Everything this installation holds here (for reconciliation)."""
+        return []
+
+    async def aclose(self) -> None:
+        """Release connections and clients."""
+
+    async def __aenter__(self) -> Provider:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def can_launch(self) -> bool:
+        return type(self).launch is not Provider.launch

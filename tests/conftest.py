@@ -1,0 +1,40 @@
+"""Shared test configuration.
+
+Real parts only: the local Slurm cluster (deploy/slurm), moto's server, the
+local Vast-API server and PostgreSQL, each started once per session by the
+plugins below. Outside CI a missing part skips its tests with the reason; in
+CI (CI=true) it fails them, so a broken set-up cannot pass as green.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = [
+    "tests.plugins.store",
+    "tests.plugins.slurm",
+    "tests.plugins.moto",
+    "tests.plugins.vast",
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def missing(reason: str) -> None:
+    """Skip outside CI, fail inside it: CI must exercise every real part."""
+    if IN_CI:
+        pytest.fail(f"required in CI: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """../shared/data, the real data sets (not copied into the repo: their licences forbid it)."""
+    if not SHARED_DATA.is_dir():
+        missing(f"{SHARED_DATA} is absent (a checkout without ../shared); these tests read real data from it")
+    return SHARED_DATA

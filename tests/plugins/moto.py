@@ -1,0 +1,1 @@
+"""pytest fixtures: moto (owned by the moto work)."""

@@ -1,0 +1,1 @@
+"""pytest fixtures: slurm (owned by the slurm work)."""

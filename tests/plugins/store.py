@@ -1,0 +1,1 @@
+"""pytest fixtures: store (owned by the store work)."""

@@ -1,0 +1,1 @@
+"""pytest fixtures: vast (owned by the vast work)."""

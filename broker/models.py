@@ -257,8 +257,11 @@ class Workload(BaseModel):
 
     @model_validator(mode="after")
     def _one_size(self) -> Workload:
-        given = [self.reference_gpu_hours is not None, self.params_b is not None and self.tokens_b is not None,
-                 self.hours is not None]
+        given = [
+            self.reference_gpu_hours is not None,
+            self.params_b is not None and self.tokens_b is not None,
+            self.hours is not None,
+        ]
         if (self.params_b is None) != (self.tokens_b is None) and self.reference_gpu_hours is None:
             raise ValueError("params_b and tokens_b go together")
         if not any(given):

@@ -95,6 +95,7 @@ class Provider(abc.ABC):
 
     async def aclose(self) -> None:
         """Release connections and clients."""
+        return None
 
     async def __aenter__(self) -> Provider:
         return self

@@ -103,6 +103,12 @@ class VastConfig(BaseModel):
     min_reliability: float = 0.9
     verified_only: bool = True
     egress_usd_per_gb: float = 0.0
+    # Retry pacing (tests shorten it); Retry-After from the API is honoured up to retry_after_max_s.
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 20.0
+    retry_after_max_s: float = 30.0
+    min_inet_down_mbps: float = 0.0  # pushed down to the search; 0 = no floor
+    search_limit: int = 256  # offers asked for per search
 
 
 class BrokerConfig(BaseModel):

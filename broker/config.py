@@ -92,6 +92,8 @@ class AwsConfig(BaseModel):
     capacity_reservations: bool = True
     reserved_pools: list[ReservedPool] = Field(default_factory=list)
     egress_usd_per_gb: float = 0.09
+    max_cluster_nodes: int = Field(default=16, ge=1)  # nodes offered together in one cluster placement group
+    placement_groups: bool = True  # multi-node jobs get a cluster placement group (off only for emulators)
 
 
 class VastConfig(BaseModel):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.models import Colocate, Fabric, IntraNode, Market, Offer
+from broker.models import Colocate, Fabric, IntraNode, JobSpec, Market, Offer
 from providers.base import LaunchRequest, OfferQuery
 from providers.catalog import (
     CatalogProvider,
@@ -112,8 +112,6 @@ async def test_provider_is_read_only_and_cached() -> None:
     assert {o.max_nodes for o in four if o.provider == "aws"} == {4}
     with pytest.raises(ValueError):
         CatalogProvider(max_cluster_nodes=0)
-    from broker.models import JobSpec
-
     spec = JobSpec.model_validate({"name": "x", "gpu": "H100", "gpus": 8, "workload": {"hours": 1}})
     with pytest.raises(NotImplementedError):
         await prov.launch(LaunchRequest(job_id="j", spec=spec, offer=first[0], nodes=1))

@@ -1,0 +1,1 @@
+"""Alembic migrations for the Lockstep store (run by ``Store.migrate()``)."""

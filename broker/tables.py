@@ -1,0 +1,249 @@
+"""SQLModel table classes: the database shape of Lockstep's state.
+
+Only broker/store.py and the migrations use these; every other layer sees the
+pydantic models of broker/models.py. The store talks to these tables through
+SQLAlchemy Core (``Model.__table__``) so bulk paths stay fast and rows convert
+to domain models in one place.
+
+Conventions:
+- Enum values are stored as short strings, not database enums, so adding a
+  state is a code change and not a type migration on PostgreSQL.
+- Timestamps are UTC. :class:`UTCDateTime` stores them as ``timestamptz`` on
+  PostgreSQL and as naive UTC text on SQLite (which sorts correctly), and always
+  hands back timezone-aware UTC datetimes.
+- Nested pydantic models (JobSpec, placement, decisions) are JSON columns,
+  written with ``model_dump(mode="json")``.
+- Any change here needs a new migration under broker/migrations/versions;
+  tests/store checks that the migrated schema matches these classes.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import Field, SQLModel
+
+# Integer primary keys: BIGINT on PostgreSQL, INTEGER (the rowid alias, so it
+# autoincrements) on SQLite.
+BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+# Allocation states that still hold (or may hold) provider resources.
+LIVE_ALLOCATION_STATES: tuple[str, ...] = ("intent", "pending", "running", "preempted", "unknown")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC in, timezone-aware UTC out, on both backends."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
+        if dialect.name == "sqlite":
+            # SQLite has no time zones: store naive UTC so text order is time order.
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def _ts(index: bool = False, nullable: bool = False) -> Any:
+    return Field(sa_column=sa.Column(UTCDateTime(), nullable=nullable, index=index))
+
+
+def _json() -> Any:
+    return Field(sa_column=sa.Column(sa.JSON(), nullable=True))
+
+
+class JobRow(SQLModel, table=True):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        sa.Index("ix_jobs_tenant_created", "tenant", "created_at", "id"),
+        sa.Index("ix_jobs_state_created", "state", "created_at"),
+    )
+
+    id: str = Field(sa_column=sa.Column(sa.String(64), primary_key=True))
+    tenant: str = Field(sa_column=sa.Column(sa.String(64), nullable=False))
+    state: str = Field(sa_column=sa.Column(sa.String(16), nullable=False))
+    reason: str = Field(sa_column=sa.Column(sa.Text(), nullable=False, server_default=""))
+    spec: dict[str, Any] = Field(sa_column=sa.Column(sa.JSON(), nullable=False))
+    fingerprint: str = Field(sa_column=sa.Column(sa.String(64), nullable=False))
+    placement: dict[str, Any] | None = _json()
+    decision: dict[str, Any] | None = _json()
+    gpus: int = Field(sa_column=sa.Column(sa.Integer(), nullable=False))
+    created_at: datetime = _ts(index=True)
+    updated_at: datetime = _ts(index=True)
+    deadline: datetime | None = _ts(index=True, nullable=True)
+    claimed_by: str | None = Field(
+        default=None, sa_column=sa.Column(sa.String(128), nullable=True, index=True)
+    )
+    claimed_at: datetime | None = _ts(nullable=True)
+    attempts: int = Field(sa_column=sa.Column(sa.Integer(), nullable=False, server_default="0"))
+    preemptions: int = Field(sa_column=sa.Column(sa.Integer(), nullable=False, server_default="0"))
+    spent_usd: float = Field(sa_column=sa.Column(sa.Float(), nullable=False, server_default="0"))
+
+
+class JobEventRow(SQLModel, table=True):
+    __tablename__ = "job_events"
+    __table_args__ = (sa.Index("ix_job_events_job_id", "job_id", "id"),)
+
+    id: int | None = Field(default=None, sa_column=sa.Column(BigId, primary_key=True, autoincrement=True))
+    job_id: str = Field(
+        sa_column=sa.Column(sa.String(64), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False)
+    )
+    at: datetime = _ts()
+    from_state: str | None = Field(default=None, sa_column=sa.Column(sa.String(16), nullable=True))
+    to_state: str = Field(sa_column=sa.Column(sa.String(16), nullable=False))
+    reason: str = Field(sa_column=sa.Column(sa.Text(), nullable=False, server_default=""))
+    data: dict[str, Any] | None = _json()
+
+
+class AllocationRow(SQLModel, table=True):
+    __tablename__ = "allocations"
+    __table_args__ = (
+        sa.Index("ix_allocations_job_id", "job_id"),
+        sa.Index("ix_allocations_state", "state"),
+        sa.Index("ix_allocations_provider", "provider"),
+        # A job never holds two live allocations: enforced by the database, on both backends.
+        sa.Index(
+            "uq_allocations_one_live_per_job",
+            "job_id",
+            unique=True,
+            sqlite_where=sa.text("state IN ('intent','pending','running','preempted','unknown')"),
+            postgresql_where=sa.text("state IN ('intent','pending','running','preempted','unknown')"),
+        ),
+    )
+
+    id: str = Field(sa_column=sa.Column(sa.String(64), primary_key=True))
+    job_id: str = Field(
+        sa_column=sa.Column(sa.String(64), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False)
+    )
+    attempt: int = Field(sa_column=sa.Column(sa.Integer(), nullable=False, server_default="0"))
+    provider: str = Field(sa_column=sa.Column(sa.String(64), nullable=False))
+    offer_id: str = Field(sa_column=sa.Column(sa.String(256), nullable=False, server_default=""))
+    state: str = Field(sa_column=sa.Column(sa.String(16), nullable=False))
+    client_token: str = Field(sa_column=sa.Column(sa.String(128), nullable=False, server_default=""))
+    resource_ids: list[str] | None = _json()
+    nodes: int = Field(sa_column=sa.Column(sa.Integer(), nullable=False, server_default="1"))
+    region: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, server_default=""))
+    zone: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, server_default=""))
+    usd_per_hour: float = Field(sa_column=sa.Column(sa.Float(), nullable=False, server_default="0"))
+    created_at: datetime = _ts()
+    updated_at: datetime = _ts()
+    reason: str = Field(sa_column=sa.Column(sa.Text(), nullable=False, server_default=""))
+    attrs: dict[str, str] | None = _json()
+
+
+class PricePointRow(SQLModel, table=True):
+    __tablename__ = "price_points"
+    __table_args__ = (
+        # "History of one GPU model over a window": an index range scan on (gpu, at).
+        sa.Index("ix_price_points_gpu_at", "gpu", "at"),
+        # The latest point of one series (dedup on ingest) and per-series queries.
+        sa.Index("ix_price_points_series_at", "provider", "market", "sku", "region", "zone", "stat", "at"),
+        # last_seen(provider, region) and retention by time.
+        sa.Index("ix_price_points_provider_region_at", "provider", "region", "at"),
+        sa.Index("ix_price_points_at", "at"),
+    )
+
+    id: int | None = Field(default=None, sa_column=sa.Column(BigId, primary_key=True, autoincrement=True))
+    provider: str = Field(sa_column=sa.Column(sa.String(64), nullable=False))
+    market: str = Field(sa_column=sa.Column(sa.String(16), nullable=False))
+    sku: str = Field(sa_column=sa.Column(sa.String(128), nullable=False))
+    gpu: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, server_default=""))
+    region: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, server_default=""))
+    zone: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, server_default=""))
+    stat: str = Field(sa_column=sa.Column(sa.String(16), nullable=False, server_default="price"))
+    usd_per_hour: float = Field(sa_column=sa.Column(sa.Float(), nullable=False))
+    count: int | None = Field(default=None, sa_column=sa.Column(sa.Integer(), nullable=True))
+    at: datetime = _ts()
+
+
+class SpikeAlertRow(SQLModel, table=True):
+    __tablename__ = "spike_alerts"
+    __table_args__ = (sa.Index("ix_spike_alerts_start", "start"), sa.Index("ix_spike_alerts_end", "end"))
+
+    id: int | None = Field(default=None, sa_column=sa.Column(BigId, primary_key=True, autoincrement=True))
+    series: dict[str, Any] = Field(sa_column=sa.Column(sa.JSON(), nullable=False))
+    start: datetime = _ts()
+    end: datetime | None = _ts(nullable=True)
+    peak: float = Field(sa_column=sa.Column(sa.Float(), nullable=False))
+    baseline: float = Field(sa_column=sa.Column(sa.Float(), nullable=False))
+
+
+class BenchmarkRow(SQLModel, table=True):
+    __tablename__ = "benchmarks"
+    __table_args__ = (sa.Index("ix_benchmarks_provider_target_at", "provider", "target", "measured_at"),)
+
+    id: int | None = Field(default=None, sa_column=sa.Column(BigId, primary_key=True, autoincrement=True))
+    provider: str = Field(sa_column=sa.Column(sa.String(64), nullable=False))
+    target: str = Field(sa_column=sa.Column(sa.String(256), nullable=False))
+    gpu: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, server_default=""))
+    healthy: bool = Field(sa_column=sa.Column(sa.Boolean(), nullable=False))
+    measured_at: datetime = _ts()
+    # The whole Benchmark, so new figures need no migration.
+    body: dict[str, Any] = Field(sa_column=sa.Column(sa.JSON(), nullable=False))
+
+
+class NodeHealthRow(SQLModel, table=True):
+    __tablename__ = "node_health"
+
+    provider: str = Field(sa_column=sa.Column(sa.String(64), primary_key=True))
+    node: str = Field(sa_column=sa.Column(sa.String(256), primary_key=True))
+    healthy: bool = Field(sa_column=sa.Column(sa.Boolean(), nullable=False, index=True))
+    reason: str = Field(sa_column=sa.Column(sa.Text(), nullable=False, server_default=""))
+    updated_at: datetime = _ts()
+
+
+class TenantRow(SQLModel, table=True):
+    __tablename__ = "tenants"
+
+    name: str = Field(sa_column=sa.Column(sa.String(64), primary_key=True))
+    monthly_budget_usd: float | None = Field(default=None, sa_column=sa.Column(sa.Float(), nullable=True))
+    max_gpus: int | None = Field(default=None, sa_column=sa.Column(sa.Integer(), nullable=True))
+    created_at: datetime = _ts()
+
+
+class TokenRow(SQLModel, table=True):
+    __tablename__ = "tokens"
+
+    id: str = Field(sa_column=sa.Column(sa.String(32), primary_key=True))
+    tenant: str = Field(
+        sa_column=sa.Column(
+            sa.String(64), sa.ForeignKey("tenants.name", ondelete="CASCADE"), nullable=False, index=True
+        )
+    )
+    role: str = Field(sa_column=sa.Column(sa.String(16), nullable=False))
+    # SHA-256 hex of the plaintext; the plaintext is never stored.
+    token_hash: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, unique=True))
+    label: str = Field(sa_column=sa.Column(sa.String(256), nullable=False, server_default=""))
+    created_at: datetime = _ts()
+    revoked: bool = Field(sa_column=sa.Column(sa.Boolean(), nullable=False, server_default=sa.false()))
+
+
+class IdempotencyKeyRow(SQLModel, table=True):
+    __tablename__ = "idempotency_keys"
+
+    # Keys are scoped per tenant (two tenants may pick the same key).
+    tenant: str = Field(sa_column=sa.Column(sa.String(64), primary_key=True))
+    key: str = Field(sa_column=sa.Column(sa.String(256), primary_key=True))
+    fingerprint: str = Field(sa_column=sa.Column(sa.String(64), nullable=False))
+    job_id: str = Field(
+        sa_column=sa.Column(sa.String(64), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False)
+    )
+    created_at: datetime = _ts()
+
+
+metadata = SQLModel.metadata

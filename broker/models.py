@@ -254,6 +254,9 @@ class Workload(BaseModel):
     params_b: float | None = Field(default=None, gt=0, description="model parameters, billions")
     tokens_b: float | None = Field(default=None, gt=0, description="training tokens, billions")
     hours: float | None = Field(default=None, gt=0, description="wall-clock hours, for services")
+    steps: int | None = Field(default=None, gt=0, description="optimizer steps (default: tokens/batch)")
+    global_batch_tokens_m: float | None = Field(default=None, gt=0, description="global batch, M tokens")
+    grad_bytes_per_param: float = Field(default=2.0, gt=0, description="bytes all-reduced per param")
 
     @model_validator(mode="after")
     def _one_size(self) -> Workload:

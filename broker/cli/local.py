@@ -1,0 +1,38 @@
+"""The local backend: the service object over this machine's store and providers."""
+
+from __future__ import annotations
+
+from broker.config import Settings
+from broker.errors import NoFeasibleOption  # noqa: F401  (re-exported for commands)
+from broker.models import Job, JobState, Offer, Quote
+from broker.service import Lockstep
+from broker.specs import parse_spec
+from policies.offers import OfferFilter
+
+
+class LocalBackend:
+    def __init__(self, settings: Settings, providers: list[str] | None = None, need_store: bool = False) -> None:
+        self.svc = Lockstep(settings, only_providers=providers)
+        if need_store:
+            _ = self.svc.store
+
+    async def quote(self, spec_data: dict, *, top: int, max_rejected: int | None) -> Quote:
+        return await self.svc.quote(parse_spec(spec_data), top=top, max_rejected=max_rejected)
+
+    async def offers(self, f: OfferFilter, limit: int | None) -> list[Offer]:
+        return await self.svc.offers(f, limit)
+
+    async def submit(self, spec_data: dict, idempotency_key: str | None) -> Job:
+        return await self.svc.submit(parse_spec(spec_data), idempotency_key=idempotency_key)
+
+    async def jobs(self, states: list[JobState] | None, limit: int) -> list[Job]:
+        return await self.svc.list_jobs(states=states, limit=limit)
+
+    async def status(self, job_id: str) -> Job:
+        return await self.svc.get_job(job_id)
+
+    async def cancel(self, job_id: str) -> Job:
+        return await self.svc.cancel(job_id)
+
+    async def aclose(self) -> None:
+        await self.svc.aclose()

@@ -1,0 +1,80 @@
+"""`lockstep quote` and `lockstep offers`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from broker.cli import render
+from broker.cli.app import app, get_ctx
+from broker.cli.backend import open_backend
+from broker.errors import NoFeasibleOption
+from broker.models import FabricNeed, Market
+from broker.specs import first_error, load_spec
+from policies.offers import OfferFilter
+
+
+@app.command()
+def quote(
+    ctx: typer.Context,
+    job: Annotated[str, typer.Argument(help="Job spec file (YAML or JSON).")],
+    top: Annotated[int, typer.Option(min=1, max=1000, help="How many options to show.")] = 10,
+    explain: Annotated[bool, typer.Option("--explain", help="Also say why every other offer was rejected.")] = False,
+    provider: Annotated[list[str] | None, typer.Option("--provider", help="Only these providers.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the quote as JSON.")] = False,
+) -> None:
+    """What the job would cost, where, and why: ranked by expected job cost."""
+    spec = load_spec(job)
+    backend = open_backend(get_ctx(ctx), providers=provider)
+
+    async def run():
+        try:
+            return await backend.quote(spec.model_dump(mode="json"), top=top, max_rejected=None)
+        finally:
+            await backend.aclose()
+
+    q = asyncio.run(run())
+    if json_out:
+        render.print_json(q)
+    else:
+        render.quote_table(q, explain=explain)
+    if not q.options:
+        raise NoFeasibleOption(f"no feasible option for {spec.name}: " + render.infeasible_reasons(q),
+                               q.rejected_counts)
+
+
+@app.command()
+def offers(
+    ctx: typer.Context,
+    gpu: Annotated[list[str] | None, typer.Option("--gpu", help="GPU model or family (repeatable).")] = None,
+    min_gpus: Annotated[int | None, typer.Option("--min-gpus", min=1, help="GPUs per node at least.")] = None,
+    fabric: Annotated[FabricNeed | None, typer.Option("--fabric", help="Fabric class at least.")] = None,
+    market: Annotated[list[Market] | None, typer.Option("--market", help="Market kind (repeatable).")] = None,
+    max_price: Annotated[float | None, typer.Option("--max-price", help="USD per node-hour at most.")] = None,
+    provider: Annotated[list[str] | None, typer.Option("--provider", help="Provider (repeatable).")] = None,
+    region: Annotated[str | None, typer.Option("--region")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="Rows at most.")] = 50,
+    json_out: Annotated[bool, typer.Option("--json", help="Print offers as JSON.")] = False,
+) -> None:
+    """The offer book, cheapest per GPU-hour first."""
+    try:
+        f = OfferFilter(gpu=gpu, min_gpus=min_gpus, fabric=fabric, market=market, max_price=max_price,
+                        provider=provider, region=region)
+    except ValidationError as exc:
+        raise first_error(exc) from None
+    backend = open_backend(get_ctx(ctx), providers=provider)
+
+    async def run():
+        try:
+            return await backend.offers(f, limit)
+        finally:
+            await backend.aclose()
+
+    result = asyncio.run(run())
+    if json_out:
+        render.print_json(result)
+    else:
+        render.offers_table(result)

@@ -1,0 +1,139 @@
+"""Rendering for the terminal (rich tables) and for scripts (--json)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from typing import Any
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+
+from broker.models import Job, Offer, Quote
+
+# Piped output (scripts, CI logs) gets a wide table instead of rich's 80-column default.
+console = Console(width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True)
+
+
+def print_json(data: Any) -> None:
+    if isinstance(data, BaseModel):
+        data = data.model_dump(mode="json")
+    elif isinstance(data, list):
+        data = [d.model_dump(mode="json") if isinstance(d, BaseModel) else d for d in data]
+    print(json.dumps(data, indent=2, default=str))
+
+
+def _money(x: float) -> str:
+    return f"${x:,.2f}"
+
+
+def quote_table(q: Quote, explain: bool = False) -> None:
+    spec = q.job
+    console.print(
+        f"[bold]{spec.name}[/]: {spec.gpus} × {'/'.join(spec.gpu)} as {spec.nodes} node(s) × "
+        f"{spec.gpus_per_node}, fabric {spec.fabric.value}, co-located at '{spec.colocate.value}'"
+        f" — {len(q.options)} option(s) shown of {q.offers_considered} offers"
+    )
+    t = Table(show_lines=False)
+    for col in ("#", "provider", "market", "sku", "region/zone", "nodes×GPUs", "fabric", "$/h", "hours",
+                "job cost"):
+        t.add_column(col, justify="right" if col in ("#", "$/h", "hours", "job cost") else "left")
+    for i, o in enumerate(q.options, 1):
+        where = o.region + (f"/{o.zone}" if o.zone else "") + (f" [{o.cluster}]" if o.cluster else "")
+        fabric = f"{o.fabric.value} {o.fabric_gbps:g}G" if o.fabric_gbps else o.fabric.value
+        t.add_row(str(i), o.provider, o.market.value + (" (stale)" if o.stale else ""), o.sku, where,
+                  f"{o.nodes}×{o.gpus_per_node} {o.gpu}", fabric, _money(o.usd_per_hour),
+                  f"{o.expected_hours:,.1f}", _money(o.expected_cost_usd))
+    console.print(t)
+    if q.options and q.options[0].breakdown:
+        b = q.options[0].breakdown
+        console.print(
+            f"best: compute {b.compute_hours:,.2f} h + communication {b.comm_hours:,.2f} h"
+            + (f" + preemption {b.preemption_overhead_hours:,.2f} h" if b.preemption_overhead_hours else "")
+            + (f" + queue {b.queue_wait_hours:,.2f} h" if b.queue_wait_hours else "")
+            + (f"; egress {_money(b.egress_usd)}" if b.egress_usd else "")
+            + ("; " + "; ".join(b.notes) if b.notes else "")
+        )
+    if q.rejected_counts:
+        summary = ", ".join(f"{k}: {v}" for k, v in sorted(q.rejected_counts.items(), key=lambda kv: -kv[1]))
+        console.print(f"rejected {sum(q.rejected_counts.values())} offers ({summary})"
+                      + ("" if explain else " — use --explain for why"))
+    if explain:
+        rejected_table(q)
+
+
+def rejected_table(q: Quote, per_reason: int = 0) -> None:
+    groups: dict[str, list] = defaultdict(list)
+    for r in q.rejected:
+        groups[r.code].append(r)
+    t = Table(title="rejected offers")
+    for col in ("provider", "sku", "region/zone", "reason"):
+        t.add_column(col)
+    for code in sorted(groups, key=lambda c: -len(groups[c])):
+        rows = groups[code] if not per_reason else groups[code][:per_reason]
+        for r in rows:
+            t.add_row(r.provider, r.sku, r.region + (f"/{r.zone}" if r.zone else ""), r.reason)
+    console.print(t)
+
+
+def infeasible_reasons(q: Quote) -> str:
+    """One line: why nothing fits, grouped by reason, most common first."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for r in q.rejected:
+        groups[r.code].append(r.reason)
+    parts = []
+    for code, n in sorted(q.rejected_counts.items(), key=lambda kv: -kv[1]):
+        example = groups[code][0] if groups.get(code) else ""
+        parts.append(f"{n} × {code}" + (f" (e.g. {example})" if example else ""))
+    return "; ".join(parts) or "no offers at all (no provider answered)"
+
+
+def offers_table(offers: list[Offer]) -> None:
+    t = Table()
+    for col in ("provider", "market", "sku", "GPU", "GPUs", "mem GB", "fabric", "max nodes", "region/zone",
+                "$/h", "$/GPU-h", "note"):
+        t.add_column(col, justify="right" if col in ("GPUs", "mem GB", "$/h", "$/GPU-h", "max nodes") else "left")
+    for o in offers:
+        note = []
+        if o.stale:
+            note.append("stale")
+        if o.interruptible:
+            note.append("interruptible")
+        if o.perf is not None:
+            note.append(f"{o.perf.source} {o.perf.relative:.2f}×" if o.perf.relative else o.perf.source)
+        fabric = f"{o.network.fabric.value} {o.network.fabric_gbps:g}G" if o.network.fabric_gbps else \
+            o.network.fabric.value
+        t.add_row(o.provider, o.market.value, o.sku, o.gpu, str(o.gpu_count), f"{o.gpu_memory_gb:g}", fabric,
+                  str(o.max_nodes), o.locality.region + (f"/{o.locality.zone}" if o.locality.zone else ""),
+                  _money(o.usd_per_hour), _money(o.usd_per_gpu_hour), ", ".join(note))
+    console.print(t)
+    console.print(f"{len(offers)} offer(s)")
+
+
+def jobs_table(jobs: list[Job]) -> None:
+    t = Table()
+    for col in ("id", "tenant", "name", "state", "GPUs", "where", "$/h", "attempts", "updated", "reason"):
+        t.add_column(col)
+    for j in jobs:
+        p = j.placement
+        where = f"{p.provider}:{p.sku}@{p.zone or p.region}" if p else ""
+        t.add_row(j.id, j.tenant, j.spec.name, j.state.value, str(j.spec.gpus), where,
+                  _money(p.usd_per_hour) if p else "", str(j.attempts),
+                  j.updated_at.strftime("%Y-%m-%d %H:%M:%S"), j.reason[:60])
+    console.print(t)
+
+
+def job_detail(j: Job) -> None:
+    jobs_table([j])
+    if j.decision:
+        console.print("decision: " + json.dumps(j.decision, default=str))
+    t = Table(title="events")
+    for col in ("at", "from", "to", "reason"):
+        t.add_column(col)
+    for e in j.events:
+        t.add_row(e.at.strftime("%Y-%m-%d %H:%M:%S"), e.from_state.value if e.from_state else "",
+                  e.to_state.value, e.reason)
+    console.print(t)

@@ -1,0 +1,139 @@
+"""The offer book: offers from every provider, refreshed concurrently, never blocking placement.
+
+Each provider is asked with its own timeout. A provider that fails or times
+out keeps its last offers, marked stale with their age, and its health says
+why; the others stand. Readers always get the last complete snapshot (a
+refresh swaps it in atomically), so placement never waits on a slow market.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime
+
+from pydantic import BaseModel
+
+from broker.models import Offer, utcnow
+from policies.book import OfferBook
+from providers.base import OfferQuery, Provider
+
+log = logging.getLogger(__name__)
+
+
+class ProviderHealth(BaseModel):
+    name: str
+    ok: bool = False
+    offers: int = 0
+    last_ok: datetime | None = None
+    last_attempt: datetime | None = None
+    last_error: str = ""
+    latency_s: float | None = None
+    stale: bool = True
+    age_s: float | None = None
+
+
+class Market:
+    def __init__(
+        self,
+        providers: Mapping[str, Provider],
+        *,
+        timeout_s: float = 30.0,
+        clock: Callable[[], datetime] = utcnow,
+        on_refresh: Callable[[str, bool, float], None] | None = None,
+    ) -> None:
+        self.providers = dict(providers)
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.on_refresh = on_refresh  # metrics hook: (provider, ok, seconds)
+        self._offers: dict[str, list[Offer]] = {name: [] for name in self.providers}
+        self._health: dict[str, ProviderHealth] = {name: ProviderHealth(name=name) for name in self.providers}
+        self._book: OfferBook | None = None
+        self._book_key: object = None
+        self._lock = asyncio.Lock()
+        self.refreshed_at: datetime | None = None
+
+    async def _refresh_one(self, name: str, provider: Provider, query: OfferQuery | None) -> None:
+        health = self._health[name]
+        started = time.perf_counter()
+        health.last_attempt = self.clock()
+        try:
+            offers = await asyncio.wait_for(provider.offers(query), self.timeout_s)
+        except Exception as exc:  # a market failing must not take the others down
+            elapsed = time.perf_counter() - started
+            reason = "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+            log.warning("provider %s refresh failed: %s", name, reason)
+            health.ok, health.last_error, health.latency_s = False, reason[:500], elapsed
+            if self.on_refresh:
+                self.on_refresh(name, False, elapsed)
+            return
+        elapsed = time.perf_counter() - started
+        self._offers[name] = offers
+        health.ok, health.last_error, health.latency_s = True, "", elapsed
+        health.last_ok, health.offers = self.clock(), len(offers)
+        if self.on_refresh:
+            self.on_refresh(name, True, elapsed)
+
+    async def refresh(self, query: OfferQuery | None = None) -> dict[str, ProviderHealth]:
+        """Ask every provider at once; returns their health. Concurrent callers share one refresh."""
+        async with self._lock:
+            await asyncio.gather(*(self._refresh_one(n, p, query) for n, p in self.providers.items()))
+            self.refreshed_at = self.clock()
+            self._book = None
+        return self.health()
+
+    def health(self) -> dict[str, ProviderHealth]:
+        now = self.clock()
+        for h in self._health.values():
+            h.age_s = (now - h.last_ok).total_seconds() if h.last_ok else None
+            h.stale = not h.ok
+        return {n: h.model_copy() for n, h in self._health.items()}
+
+    def offers(self) -> list[Offer]:
+        """All offers; those of a provider whose last refresh failed are marked stale.
+
+        Catalog offers describing a market that is configured live (e.g. AWS
+        list prices when the AWS adapter answers) are dropped: live beats list.
+        """
+        live = {
+            name for name, h in self._health.items() if h.ok and name != "catalog" and self._offers.get(name)
+        }
+        out: list[Offer] = []
+        for name, offers in self._offers.items():
+            stale = not self._health[name].ok
+            for o in offers:
+                if name == "catalog" and o.provider in live:
+                    continue
+                out.append(o.model_copy(update={"stale": True}) if stale and not o.stale else o)
+        return out
+
+    def book(
+        self,
+        *,
+        unhealthy_hosts: Mapping[tuple[str, str], str] | None = None,
+        preemption_rates: Mapping[tuple[str, str, str], float] | None = None,
+    ) -> OfferBook:
+        """The columnar book of the current snapshot, rebuilt only when the inputs changed."""
+        key = (self.refreshed_at, tuple(sorted((unhealthy_hosts or {}).items())),
+               tuple(sorted((preemption_rates or {}).items())))
+        if self._book is None or key != self._book_key:
+            self._book = OfferBook.build(self.offers(), unhealthy_hosts=unhealthy_hosts,
+                                         preemption_rates=preemption_rates)
+            self._book_key = key
+        return self._book
+
+    def find(self, offer_id: str) -> Offer | None:
+        for offers in self._offers.values():
+            for o in offers:
+                if o.id == offer_id:
+                    return o
+        return None
+
+    async def aclose(self) -> None:
+        for p in self.providers.values():
+            try:
+                await p.aclose()
+            except Exception:  # closing must go on for the others
+                log.exception("closing provider %s", p.name)

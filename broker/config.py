@@ -62,6 +62,10 @@ class SlurmConfig(BaseModel):
     cluster_name: str = "onprem"
     owned: OwnedCost = Field(default_factory=OwnedCost)
     gpus_per_node_default: int = 8
+    # slurm.conf for `scontrol` (node drain/resume where the REST version lacks it); default: $SLURM_CONF
+    conf_path: str | None = None
+    default_time_limit_min: int = 1440  # jobs whose workload gives no duration
+    max_attempts: int = 4  # bounded retries on transient errors
 
 
 class ReservedPool(BaseModel):

@@ -1,0 +1,192 @@
+"""Jobs: idempotent creation, events, transitions, listing and claiming, on both backends."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+from broker.errors import ConflictError, NotFoundError
+from broker.models import ALLOWED_TRANSITIONS, JobState, QuoteOption
+from broker.store import Store
+
+from .helpers import T0, job, spec
+
+
+def test_create_writes_job_and_first_event(store: Store) -> None:
+    j, created = store.create_job(job(tenant="acme", job_id="j-1"))
+    assert created
+    assert j.id == "j-1" and j.tenant == "acme" and j.state is JobState.pending
+    assert [(e.from_state, e.to_state) for e in j.events] == [(None, JobState.pending)]
+    got = store.get_job("j-1")
+    assert got.spec == j.spec
+    assert got.spec.fingerprint() == j.spec.fingerprint()
+    assert got.created_at.tzinfo is not None
+
+
+def test_idempotency_same_body_returns_existing(store: Store) -> None:
+    first, created1 = store.create_job(job(tenant="acme", job_id="a"), idempotency_key="key-1")
+    again, created2 = store.create_job(job(tenant="acme", job_id="b"), idempotency_key="key-1")
+    assert created1 and not created2
+    assert again.id == first.id == "a"
+    with pytest.raises(NotFoundError):
+        store.get_job("b")
+    assert len(store.events("a")) == 1
+
+
+def test_idempotency_other_body_conflicts(store: Store) -> None:
+    store.create_job(job(tenant="acme", job_id="a"), idempotency_key="key-1")
+    with pytest.raises(ConflictError):
+        store.create_job(job(tenant="acme", job_id="b", gpus=16), idempotency_key="key-1")
+
+
+def test_idempotency_keys_are_per_tenant(store: Store) -> None:
+    store.create_job(job(tenant="acme", job_id="a"), idempotency_key="k")
+    other, created = store.create_job(job(tenant="globex", job_id="b"), idempotency_key="k")
+    assert created and other.id == "b"
+
+
+def test_duplicate_job_id_conflicts(store: Store) -> None:
+    store.create_job(job(job_id="same"))
+    with pytest.raises(ConflictError):
+        store.create_job(job(job_id="same"))
+
+
+def test_get_job_hides_other_tenants(store: Store) -> None:
+    store.create_job(job(tenant="acme", job_id="mine"))
+    assert store.get_job("mine", tenant="acme").id == "mine"
+    with pytest.raises(NotFoundError):
+        store.get_job("mine", tenant="globex")
+    with pytest.raises(NotFoundError):
+        store.get_job("absent")
+
+
+def test_deadline_from_spec(store: Store) -> None:
+    j, _ = store.create_job(job(job_id="d", created=T0, deadline_in="48h"))
+    assert j.deadline == T0 + timedelta(hours=48)
+
+
+def test_transitions_record_events_and_fields(store: Store) -> None:
+    store.create_job(job(job_id="t"))
+    placement = QuoteOption(
+        offer_id="o1", provider="aws", market="spot", sku="p5.48xlarge", region="us-east-1", zone="us-east-1a",
+        nodes=1, gpus_per_node=8, gpu="H100-SXM", fabric="efa", fabric_gbps=3200, usd_per_hour=40.0,
+        expected_hours=10, expected_cost_usd=400,
+    )
+    store.transition("t", JobState.placing, "claimed")
+    j = store.transition(
+        "t", JobState.provisioning, "launching", data={"offer": "o1"}, expected={JobState.placing},
+        placement=placement, attempts=1, decision={"market": "spot", "why": ["cheapest"]},
+    )
+    assert j.state is JobState.provisioning and j.reason == "launching"
+    assert j.placement == placement and j.attempts == 1 and j.decision["market"] == "spot"
+    j = store.transition("t", JobState.running, "up")
+    j = store.transition("t", JobState.succeeded, "done", spent_usd=123.5)
+    assert j.spent_usd == 123.5
+    states = [(e.from_state, e.to_state) for e in store.events("t")]
+    assert states == [
+        (None, JobState.pending),
+        (JobState.pending, JobState.placing),
+        (JobState.placing, JobState.provisioning),
+        (JobState.provisioning, JobState.running),
+        (JobState.running, JobState.succeeded),
+    ]
+    assert store.events("t")[2].data == {"offer": "o1"}
+    assert store.get_job("t").placement == placement
+
+
+def test_illegal_transition_refused_and_nothing_written(store: Store) -> None:
+    store.create_job(job(job_id="x"))
+    assert JobState.running not in ALLOWED_TRANSITIONS[JobState.pending]
+    with pytest.raises(ConflictError):
+        store.transition("x", JobState.running)
+    store.transition("x", JobState.cancelled, "user")
+    with pytest.raises(ConflictError):
+        store.transition("x", JobState.pending)  # terminal
+    j = store.get_job("x")
+    assert j.state is JobState.cancelled and len(j.events) == 2
+
+
+def test_expected_state_guard(store: Store) -> None:
+    store.create_job(job(job_id="g"))
+    with pytest.raises(ConflictError):
+        store.transition("g", JobState.cancelled, expected={JobState.running})
+    assert store.get_job("g").state is JobState.pending
+
+
+def test_update_job_without_event(store: Store) -> None:
+    store.create_job(job(job_id="u"))
+    j = store.update_job("u", spent_usd=9.5, preemptions=2)
+    assert (j.spent_usd, j.preemptions, j.state) == (9.5, 2, JobState.pending)
+    assert len(j.events) == 1
+    with pytest.raises(NotFoundError):
+        store.update_job("nope", spent_usd=1)
+
+
+def test_list_jobs_newest_first_with_cursor(store: Store) -> None:
+    for i in range(7):
+        store.create_job(job(tenant="acme", job_id=f"j{i}", created=T0 + timedelta(minutes=i)))
+    store.create_job(job(tenant="globex", job_id="other", created=T0))
+    store.transition("j3", JobState.cancelled)
+    page, cursor = store.list_jobs(tenant="acme", limit=3)
+    assert [j.id for j in page] == ["j6", "j5", "j4"] and cursor
+    page2, cursor2 = store.list_jobs(tenant="acme", limit=3, cursor=cursor)
+    assert [j.id for j in page2] == ["j3", "j2", "j1"] and cursor2
+    page3, cursor3 = store.list_jobs(tenant="acme", limit=3, cursor=cursor2)
+    assert [j.id for j in page3] == ["j0"] and cursor3 is None
+    cancelled, _ = store.list_jobs(states=[JobState.cancelled])
+    assert [j.id for j in cancelled] == ["j3"]
+    everyone, _ = store.list_jobs(limit=100)
+    assert len(everyone) == 8
+
+
+def test_jobs_in_states(store: Store) -> None:
+    store.create_job(job(job_id="a", created=T0))
+    store.create_job(job(job_id="b", created=T0 + timedelta(seconds=1)))
+    store.transition("b", JobState.placing)
+    assert [j.id for j in store.jobs_in_states([JobState.pending, JobState.placing])] == ["a", "b"]
+    assert [j.id for j in store.jobs_in_states([JobState.placing])] == ["b"]
+
+
+def test_claim_moves_oldest_pending_to_placing(store: Store) -> None:
+    for i in range(5):
+        store.create_job(job(job_id=f"c{i}", created=T0 + timedelta(seconds=i)))
+    claimed = store.claim_jobs("w1", limit=2)
+    assert [j.id for j in claimed] == ["c0", "c1"]
+    assert all(j.state is JobState.placing for j in claimed)
+    assert claimed[0].events[-1].data == {"worker": "w1"}
+    assert [j.id for j in store.claim_jobs("w2", limit=10)] == ["c2", "c3", "c4"]
+    assert store.claim_jobs("w3") == []
+
+
+def test_claim_from_two_threads_never_overlaps(store: Store) -> None:
+    for i in range(40):
+        store.create_job(job(job_id=f"p{i:02d}", created=T0 + timedelta(seconds=i)))
+    # Two Store objects: two engines, two connection pools (on PostgreSQL, two sessions).
+    other = Store(store.url)
+    got: dict[str, list[str]] = {"a": [], "b": []}
+    barrier = threading.Barrier(2)
+
+    def worker(name: str, s: Store) -> None:
+        barrier.wait()
+        while batch := s.claim_jobs(name, limit=3):
+            got[name].extend(j.id for j in batch)
+
+    threads = [threading.Thread(target=worker, args=("a", store)), threading.Thread(target=worker, args=("b", other))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    other.close()
+    assert not set(got["a"]) & set(got["b"])
+    assert sorted(got["a"] + got["b"]) == [f"p{i:02d}" for i in range(40)]
+    for j in store.jobs_in_states([JobState.placing]):
+        assert len([e for e in store.events(j.id) if e.to_state is JobState.placing]) == 1
+
+
+def test_spec_round_trips_exactly(store: Store) -> None:
+    s = spec(gpus=16, colocate="cluster", fabric="infiniband", labels={"team": "llm"}, deadline_in="36h")
+    j, _ = store.create_job(job(job_id="rt", gpus=16, colocate="cluster", fabric="infiniband",
+                                labels={"team": "llm"}, deadline_in="36h"))
+    assert store.get_job("rt").spec == s == j.spec

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import sys
 
-import click
 import typer
 
 from broker.cli import jobs as _jobs  # noqa: F401  (registers commands)
@@ -26,6 +25,28 @@ from broker.errors import (
 )
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 1, 2, 3
+
+
+def _click_exceptions() -> tuple[tuple[type, ...], tuple[type, ...], tuple[type, ...], tuple[type, ...]]:
+    """(Exit, UsageError, ClickException, Abort) classes: newer typer vendors its own click."""
+    mods = []
+    try:
+        import typer._click.exceptions as vendored
+
+        mods.append(vendored)
+    except ImportError:
+        pass
+    try:
+        import click.exceptions as real
+
+        mods.append(real)
+    except ImportError:
+        pass
+    pick = lambda name: tuple(getattr(m, name) for m in mods if hasattr(m, name))  # noqa: E731
+    return pick("Exit"), pick("UsageError"), pick("ClickException"), pick("Abort")
+
+
+_EXIT, _USAGE, _CLICK, _ABORT = _click_exceptions()
 
 
 def _mount_optional() -> None:
@@ -65,12 +86,16 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         rv = app(args=argv, standalone_mode=False, prog_name="lockstep")
-    except click.exceptions.Exit as e:
+    except _EXIT as e:
         sys.exit(e.exit_code)
-    except click.exceptions.UsageError as e:
-        _err(e.format_message().splitlines()[0] if e.format_message() else "usage error")
+    except _USAGE as e:
+        msg = e.format_message().strip().splitlines()
+        _err(msg[0] if msg else "usage error")
         sys.exit(EXIT_BAD_INPUT)
-    except click.exceptions.Abort:
+    except _CLICK as e:
+        _err(e.format_message())
+        sys.exit(EXIT_FAIL)
+    except _ABORT:
         sys.exit(130)
     except SpecError as e:
         _err(str(e))

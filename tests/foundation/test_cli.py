@@ -1,0 +1,91 @@
+"""The real `lockstep` command: the README's first command, JSON contract, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def lockstep(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
+    env["LOCKSTEP_DB"] = f"sqlite:///{tmp_path / 'cli.db'}"
+    return subprocess.run([sys.executable, "-m", "broker", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=120)
+
+
+def test_quote_70b_every_option_meets_fabric_and_colocation(tmp_path: Path) -> None:
+    r = lockstep("quote", "examples/llama-70b-pretrain.yaml", "--json", "--top", "20", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    q = json.loads(r.stdout)
+    assert set(q) >= {"job", "options", "rejected"}
+    assert q["options"], "the 70B example must have options"
+    for o in q["options"]:
+        assert {"provider", "market", "sku", "region", "zone", "nodes", "gpus_per_node", "gpu", "fabric",
+                "fabric_gbps", "usd_per_hour", "expected_hours", "expected_cost_usd"} <= set(o)
+        assert o["provider"] != "vast"
+        assert o["fabric"] in ("infiniband", "efa", "roce") and o["fabric_gbps"] >= 400
+        assert o["nodes"] == 8
+    costs = [o["expected_cost_usd"] for o in q["options"]]
+    assert costs == sorted(costs)
+    assert any(r["provider"] == "vast" for r in q["rejected"])
+    assert all({"provider", "sku", "region", "reason"} <= set(r) for r in q["rejected"])
+
+
+def test_quote_1gpu_all_under_cap(tmp_path: Path) -> None:
+    r = lockstep("quote", "examples/finetune-1gpu.yaml", "--json", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    q = json.loads(r.stdout)
+    assert q["options"] and all(o["usd_per_hour"] <= 1.0 for o in q["options"])
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("name: x\ngpu: A100\ngpus: 2\nworkload: {hours: 1}\ncolour: red\n", "colour: unknown field"),
+        ("name: x\ngpu: A100\ngpus: -2\nworkload: {hours: 1}\n", "gpus: Input should be greater than 0"),
+        ("name: x\ngpu: A100\ngpus: 12\ngpus_per_node: 8\nworkload: {hours: 1}\n", "gpus_per_node: gpus (12)"),
+        ("name: x\ngpu: Q9000\ngpus: 1\nworkload: {hours: 1}\n", "gpu: unknown GPU model 'Q9000'"),
+        ("name: x\ngpu: [A100\n", "malformed YAML"),
+    ],
+)
+def test_bad_spec_exit_2_one_line(tmp_path: Path, content: str, needle: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(content)
+    r = lockstep("quote", str(f), tmp_path=tmp_path)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_file_and_bad_option_exit_2(tmp_path: Path) -> None:
+    r = lockstep("quote", str(tmp_path / "nope.yaml"), tmp_path=tmp_path)
+    assert r.returncode == 2 and "no such file" in r.stderr
+    r = lockstep("offers", "--fabric", "pigeon", tmp_path=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_infeasible_exit_3_with_grouped_reasons(tmp_path: Path) -> None:
+    f = tmp_path / "huge.yaml"
+    f.write_text("name: huge\ngpu: H100\ngpus: 4096\nfabric: infiniband\ncolocate: rack\nworkload: {hours: 1}\n")
+    r = lockstep("quote", str(f), tmp_path=tmp_path)
+    assert r.returncode == 3
+    assert "no feasible option" in r.stderr and "×" in r.stderr
+
+
+def test_offers_filters(tmp_path: Path) -> None:
+    r = lockstep("offers", "--gpu", "H100", "--fabric", "rdma", "--min-gpus", "8", "--market", "on_demand",
+                 "--max-price", "120", "--json", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    offers = json.loads(r.stdout)
+    assert offers
+    for o in offers:
+        assert o["gpu"].startswith("H100") and o["gpu_count"] >= 8 and o["market"] == "on_demand"
+        assert o["usd_per_hour"] <= 120 and o["network"]["fabric"] in ("infiniband", "efa", "roce")

@@ -1,0 +1,460 @@
+"""A local Vast.ai API for tests and demos: aiohttp on loopback, the same shapes as the real endpoints.
+
+Implements what Lockstep's adapter calls, as Vast's official CLI calls it (shared/vast-api-notes.md):
+
+- ``POST /api/v0/bundles/`` (and ``PUT /api/v0/search/asks/`` with ``{"q": ...}``): a search over a deterministic
+  market (tests/vastapi/offers.py), with the query operators eq/neq/gt/gte/lt/lte/in/notin, ``order``, ``limit``,
+  ``type`` (on-demand | bid | reserved) and ``allocated_storage`` (GiB, priced into ``dph_total``). Numbers may
+  come as strings ("0.99"), as the CLI sends them. ``geolocation`` is matched on its country code, as users query it.
+- ``PUT /api/v0/asks/{id}/``: rent an ask → ``{"success": true, "new_contract": N}``; a rented or unknown ask
+  answers 410 ``{"success": false, "error": "no_such_ask", ...}``; a rented ask leaves the search results.
+- ``GET /api/v1/instances/`` (``select_filters``, ``order_by``, ``limit``, ``after_token`` → ``next_token``),
+  ``GET /api/v0/instances/{id}/?owner=me`` → ``{"instances": {...}}``, ``DELETE /api/v0/instances/{id}/``.
+- ``Authorization: Bearer <key>`` on every ``/api/`` call (401 otherwise).
+
+Faults for the client's retry and error paths (``VastState.faults`` in process, or ``POST /_admin/faults``):
+a fraction of 429/500 answers, a burst of N 429s with ``Retry-After``, the daily search quota 429, a permanent 401,
+and asks rented by someone else between search and create. ``/_admin/*`` needs no key: loopback only.
+
+Standalone: ``python -m tests.vastapi.server --port 8765 --api-key KEY`` then point ``LOCKSTEP_VAST_URL`` at it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import copy
+import json
+import random
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from tests.vastapi.offers import catalog_anchors, generate_offers
+
+HOURS_PER_MONTH = 730.0
+DEFAULT_STORAGE_GIB = 5.0
+DEFAULT_SEARCH_LIMIT = 64
+QUERY_META = {"order", "type", "limit", "allocated_storage", "disable_bundling", "extra_ids", "show_incompatible"}
+OPERATORS = {"eq", "neq", "gt", "gte", "lt", "lte", "in", "notin"}
+# Query fields the CLI accepts (offers_fields in vastai 1.9.1) besides the offer's own keys.
+EXTRA_QUERY_FIELDS = {"dph_total", "dlperf_per_dphtotal", "flops_per_dphtotal", "storage_total_cost", "score",
+                      "is_bid", "driver_version"}
+
+
+@dataclass
+class Faults:
+    error_rate: float = 0.0  # share of /api/ calls answered 429 or 500 (half each, seeded)
+    burst_429: int = 0  # the next N /api/ calls answer 429
+    retry_after_s: float = 1.0  # Retry-After sent with injected 429s
+    unauthorized: bool = False  # every /api/ call answers 401 (a revoked key)
+    quota_exhausted: bool = False  # searches answer the daily-quota 429
+    steal_next_create: int = 0  # the next N creates find their ask just rented by someone else
+    seed: int = 1
+
+
+@dataclass
+class VastState:
+    api_key: str
+    seed: int = 7
+    count: int = 400
+    anchors: dict[str, float] | None = None
+    offers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    rented: dict[int, int | None] = field(default_factory=dict)  # ask id → our instance id, None = someone else
+    instances: dict[int, dict[str, Any]] = field(default_factory=dict)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    faults: Faults = field(default_factory=Faults)
+    next_instance: int = 21_000_000
+    _fault_rng: random.Random = field(default_factory=lambda: random.Random(1))
+
+    def __post_init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to a fresh market: every ask free, no instances, no faults, an empty request log."""
+        self.offers = {o["id"]: o for o in generate_offers(self.seed, self.count, self.anchors)}
+        self.rented.clear()
+        self.instances.clear()
+        self.requests.clear()
+        self.set_faults(Faults())
+
+    def set_faults(self, faults: Faults) -> None:
+        self.faults = faults
+        self._fault_rng = random.Random(faults.seed)
+
+    def rent_by_other(self, ask_id: int) -> None:
+        """Someone else rents this ask (between our search and our create)."""
+        self.rented[ask_id] = None
+
+    def searches(self) -> list[dict[str, Any]]:
+        """Bodies of the searches received, oldest first."""
+        return [r["body"] for r in self.requests if r["path"] == "/api/v0/bundles/" and r["method"] == "POST"]
+
+    def set_instance(self, instance_id: int, **fields: Any) -> None:
+        """Move an instance along (actual_status, cur_state, intended_status, status_msg...)."""
+        self.instances[instance_id].update(fields)
+
+
+# --------------------------------------------------------------------------- the query engine
+
+
+def _country(geo: Any) -> Any:
+    return geo.rsplit(",", 1)[-1].strip() if isinstance(geo, str) else geo
+
+
+def _coerce(value: Any, like: Any) -> Any:
+    """The query's value in the type of the offer's field (the CLI sends "4" for 4 and "true" for True)."""
+    if value is None:
+        return None
+    if isinstance(like, bool):
+        return value in (True, 1, "true", "True", "1")
+    if isinstance(like, int | float):
+        return float(value)
+    return str(value)
+
+
+def _matches(actual: Any, op: str, want: Any) -> bool:
+    if op in ("in", "notin"):
+        if not isinstance(want, list):
+            raise ValueError(f"{op} needs a list")
+        found = any(actual == _coerce(w, actual) for w in want)
+        return found if op == "in" else not found
+    if actual is None:
+        return op == "neq" and want is not None
+    target = _coerce(want, actual)
+    if op == "eq":
+        return actual == target
+    if op == "neq":
+        return actual != target
+    if target is None:
+        return False
+    if isinstance(actual, bool | str):
+        actual, target = float(actual), float(target)  # only numbers are ordered
+    return {"gt": actual > target, "gte": actual >= target, "lt": actual < target, "lte": actual <= target}[op]
+
+
+def apply_filters(rows: list[dict[str, Any]], query: dict[str, Any], known: set[str]) -> list[dict[str, Any]]:
+    """Rows matching every ``{field: {op: value}}`` of the query; ValueError names a bad field or operator."""
+    conds: list[tuple[str, str, Any]] = []
+    for name, spec in query.items():
+        if name in QUERY_META:
+            continue
+        if name not in known:
+            raise ValueError(f"unknown field {name!r}")
+        if not isinstance(spec, dict):
+            raise ValueError(f"{name}: expected {{op: value}}")
+        for op, want in spec.items():
+            if op not in OPERATORS:
+                raise ValueError(f"{name}: unknown operator {op!r}")
+            conds.append((name, op, want))
+    out = []
+    for row in rows:
+        ok = True
+        for name, op, want in conds:
+            actual = _country(row.get(name)) if name == "geolocation" else row.get(name)
+            if not _matches(actual, op, want):
+                ok = False
+                break
+        if ok:
+            out.append(row)
+    return out
+
+
+def apply_order(rows: list[dict[str, Any]], order: list[Any]) -> list[dict[str, Any]]:
+    for name, direction in reversed([(o[0], o[1] if len(o) > 1 else "asc") for o in order]):
+        present = [r for r in rows if r.get(name) is not None]
+        absent = [r for r in rows if r.get(name) is None]
+        present.sort(key=lambda r, n=name: r[n], reverse=direction == "desc")
+        rows = present + absent
+    return rows
+
+
+def priced(offer: dict[str, Any], storage_gib: float, bid: bool) -> dict[str, Any]:
+    """An offer as a search answers it: dph_total includes storage for ``allocated_storage``."""
+    out = copy.deepcopy(offer)
+    storage_h = offer["storage_cost"] * storage_gib / HOURS_PER_MONTH
+    out["storage_total_cost"] = round(storage_h, 6)
+    out["dph_total"] = round(offer["dph_base"] + storage_h, 6)
+    out["dlperf_per_dphtotal"] = round(offer["dlperf"] / out["dph_total"], 4)
+    out["flops_per_dphtotal"] = round(offer["total_flops"] / out["dph_total"], 4)
+    out["score"] = round(out["dlperf_per_dphtotal"] * offer["reliability"], 4)
+    out["is_bid"] = bid
+    return out
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+def _error(status: int, error: str, msg: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"success": False, "error": error, "msg": msg}, status=status, headers=headers)
+
+
+STATE: web.AppKey[VastState] = web.AppKey("vast_state", VastState)
+BODY: web.RequestKey[Any] = web.RequestKey("vast_body", object)
+
+
+@web.middleware
+async def _gate(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Log every /api/ call, enforce the key and inject the configured faults."""
+    if not request.path.startswith("/api/"):
+        return await handler(request)
+    state = request.app[STATE]
+    body: Any = None
+    if request.can_read_body:
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else None
+        except json.JSONDecodeError:
+            return _error(400, "invalid_args", "body is not JSON")
+    request[BODY] = body
+    state.requests.append({"method": request.method, "path": request.path, "query": dict(request.query),
+                           "body": body, "at": time.time()})
+    f = state.faults
+    auth = request.headers.get("Authorization", "")
+    if f.unauthorized or auth != f"Bearer {state.api_key}":
+        return _error(401, "invalid_user_key", "Invalid user key")
+    if f.quota_exhausted and request.path in ("/api/v0/bundles/", "/api/v0/search/asks/"):
+        return _error(429, "daily_search_quota", "daily search quota exceeded; it resets at 00:00 UTC")
+    retry_after = {"Retry-After": f"{f.retry_after_s:g}"}
+    if f.burst_429 > 0:
+        f.burst_429 -= 1
+        return _error(429, "too_many_requests", "API requests too frequent", retry_after)
+    if f.error_rate and state._fault_rng.random() < f.error_rate:
+        if state._fault_rng.random() < 0.5:
+            return _error(429, "too_many_requests", "API requests too frequent", retry_after)
+        return _error(500, "server_error", "internal error")
+    return await handler(request)
+
+
+async def _search(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    body = request[BODY]
+    query = body.get("q") if request.method == "PUT" and isinstance(body, dict) else body
+    if not isinstance(query, dict):
+        return _error(400, "invalid_args", "the query must be a JSON object")
+    kind = query.get("type", "on-demand")
+    if kind not in ("on-demand", "bid", "reserved"):
+        return _error(400, "invalid_args", f"unknown type {kind!r}")
+    try:
+        storage = float(query.get("allocated_storage", DEFAULT_STORAGE_GIB))
+        limit = int(query.get("limit") or DEFAULT_SEARCH_LIMIT)
+        rows = [priced(o, storage, kind == "bid") for oid, o in state.offers.items() if oid not in state.rented]
+        if kind == "bid":
+            rows = [r for r in rows if r["min_bid"] is not None]
+        known = set(rows[0]) if rows else set()
+        known |= EXTRA_QUERY_FIELDS | set(next(iter(state.offers.values()), {}))
+        rows = apply_filters(rows, query, known)
+        order = query.get("order") or [["score", "desc"]]
+        for o in order:
+            if o[0] not in known:
+                raise ValueError(f"unknown order field {o[0]!r}")
+        rows = apply_order(rows, order)
+    except (ValueError, TypeError, IndexError) as exc:
+        return _error(400, "invalid_args", str(exc))
+    return web.json_response({"offers": rows[:limit]})
+
+
+async def _create(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    ask_id = int(request.match_info["ask_id"])
+    body = request[BODY] or {}
+    offer = state.offers.get(ask_id)
+    if offer is not None and ask_id not in state.rented and state.faults.steal_next_create > 0:
+        state.faults.steal_next_create -= 1
+        state.rent_by_other(ask_id)
+    if offer is None or ask_id in state.rented:
+        return _error(410, "no_such_ask", f"Instance type by id {ask_id} is not available.")
+    if not body.get("image"):
+        return _error(400, "invalid_args", "image is required")
+    price = body.get("price")
+    if price is not None:
+        if offer["min_bid"] is None:
+            return _error(400, "invalid_args", "this offer does not take bids")
+        if float(price) < offer["min_bid"]:
+            return _error(400, "bid_too_low", f"bid below the minimum {offer['min_bid']}")
+    disk = float(body.get("disk") or 10.0)
+    if disk > offer["disk_space"]:
+        return _error(400, "insufficient_disk", "the machine has less disk than asked")
+    iid = state.next_instance
+    state.next_instance += 1
+    p = priced(offer, disk, price is not None)
+    state.rented[ask_id] = iid
+    state.instances[iid] = {
+        "id": iid, "ask_id": ask_id, "machine_id": offer["machine_id"], "host_id": offer["host_id"],
+        "actual_status": None, "cur_state": "running", "next_state": "running", "intended_status": "running",
+        "image_uuid": body["image"], "image_args": body.get("args") or [], "image_runtype": body.get("runtype"),
+        "label": body.get("label"), "onstart": body.get("onstart"), "extra_env": list((body.get("env") or {}).items()),
+        "num_gpus": offer["num_gpus"], "gpu_name": offer["gpu_name"], "gpu_ram": offer["gpu_ram"],
+        "gpu_util": None, "gpu_arch": "nvidia", "gpu_temp": None, "cuda_max_good": offer["cuda_max_good"],
+        "driver_version": offer["driver_version"], "cpu_cores_effective": offer["cpu_cores_effective"],
+        "cpu_util": None, "cpu_ram": offer["cpu_ram"], "disk_space": disk, "disk_util": 0.0,
+        "inet_up": offer["inet_up"], "inet_down": offer["inet_down"], "public_ipaddr": offer["public_ipaddr"],
+        "ssh_host": f"ssh{iid % 9}.vast.example", "ssh_port": 20000 + iid % 10000, "ssh_idx": str(iid % 9),
+        "status_msg": "", "uptime_mins": None, "start_date": time.time(), "end_date": offer["end_date"],
+        "dph_total": price if price is not None else p["dph_total"], "dph_base": offer["dph_base"],
+        "is_bid": price is not None, "min_bid": offer["min_bid"], "geolocation": offer["geolocation"],
+        "reliability2": offer["reliability2"], "template_id": None, "template_hash_id": None, "ports": {},
+    }
+    return web.json_response({"success": True, "new_contract": iid})
+
+
+def _public(inst: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in inst.items() if k != "ask_id"}
+
+
+async def _list_instances(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    try:
+        filters = json.loads(request.query.get("select_filters", "{}"))
+        order_by = json.loads(request.query.get("order_by", '[{"col": "id", "dir": "asc"}]'))
+        limit = max(1, min(int(request.query.get("limit", "25")), 100))
+        token = request.query.get("after_token")
+        after = int(base64.urlsafe_b64decode(token.encode()).decode()) if token else None
+        rows = [_public(i) for i in state.instances.values()]
+        known = set(rows[0]) if rows else {"id", "label"}
+        rows = apply_filters(rows, filters, known)
+        rows = apply_order(rows, [[o["col"], o.get("dir", "asc")] for o in order_by] + [["id", "asc"]])
+    except (ValueError, TypeError, KeyError) as exc:
+        return _error(400, "invalid_args", str(exc))
+    total = len(rows)
+    if after is not None:
+        ids = [r["id"] for r in rows]
+        rows = rows[ids.index(after) + 1:] if after in ids else [r for r in rows if r["id"] > after]
+    page = rows[:limit]
+    next_token = None
+    if len(rows) > limit:
+        next_token = base64.urlsafe_b64encode(str(page[-1]["id"]).encode()).decode()
+    labels: dict[str, int] = {}
+    for inst in state.instances.values():
+        if inst.get("label"):
+            labels[inst["label"]] = labels.get(inst["label"], 0) + 1
+    return web.json_response({"instances": page, "next_token": next_token, "total_instances": total,
+                              "label_counts": labels})
+
+
+async def _show_instance(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    inst = state.instances.get(int(request.match_info["instance_id"]))
+    if inst is None:
+        return _error(404, "no_such_instance", "Instance not found.")
+    # A new instance loads its image, then runs: each look moves it one step along.
+    if inst["actual_status"] is None:
+        inst["actual_status"] = "loading"
+        inst["status_msg"] = "Pulling image"
+    elif inst["actual_status"] == "loading":
+        inst.update(actual_status="running", status_msg="", uptime_mins=0.1)
+    return web.json_response({"instances": _public(inst)})
+
+
+async def _destroy(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    inst = state.instances.pop(int(request.match_info["instance_id"]), None)
+    if inst is None:
+        return _error(404, "no_such_instance", "Instance not found.")
+    state.rented.pop(inst["ask_id"], None)  # the machine goes back to the market
+    return web.json_response({"success": True})
+
+
+async def _admin_reset(request: web.Request) -> web.Response:
+    request.app[STATE].reset()
+    return web.json_response({"success": True})
+
+
+async def _admin_faults(request: web.Request) -> web.Response:
+    data = await request.json()
+    request.app[STATE].set_faults(Faults(**data))
+    return web.json_response({"success": True})
+
+
+async def _admin_requests(request: web.Request) -> web.Response:
+    return web.json_response({"requests": request.app[STATE].requests})
+
+
+async def _admin_steal(request: web.Request) -> web.Response:
+    request.app[STATE].rent_by_other(int(request.match_info["ask_id"]))
+    return web.json_response({"success": True})
+
+
+def make_app(state: VastState) -> web.Application:
+    app = web.Application(middlewares=[_gate])
+    app[STATE] = state
+    app.router.add_post("/api/v0/bundles/", _search)
+    app.router.add_put("/api/v0/search/asks/", _search)
+    app.router.add_put("/api/v0/asks/{ask_id:\\d+}/", _create)
+    app.router.add_get("/api/v1/instances/", _list_instances)
+    app.router.add_get("/api/v0/instances/{instance_id:\\d+}/", _show_instance)
+    app.router.add_delete("/api/v0/instances/{instance_id:\\d+}/", _destroy)
+    app.router.add_post("/_admin/reset", _admin_reset)
+    app.router.add_post("/_admin/faults", _admin_faults)
+    app.router.add_get("/_admin/requests", _admin_requests)
+    app.router.add_post("/_admin/asks/{ask_id:\\d+}/steal", _admin_steal)
+    return app
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class VastApiServer:
+    """The app on a loopback port, started and stopped from a running event loop."""
+
+    def __init__(self, api_key: str, *, host: str = "127.0.0.1", port: int = 0, seed: int = 7,
+                 count: int = 400, anchors: dict[str, float] | None = None) -> None:
+        self.state = VastState(api_key=api_key, seed=seed, count=count, anchors=anchors)
+        self.host = host
+        self.port = port
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> VastApiServer:
+        if not self.port:
+            self.port = free_port(self.host)
+        self._runner = web.AppRunner(make_app(self.state), access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="A local Vast.ai API (loopback only) for Lockstep's tests")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--api-key", required=True, help="the key clients must send as 'Authorization: Bearer'")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--count", type=int, default=400, help="offers in the market")
+    parser.add_argument("--catalog", help="a SkyPilot Vast catalog CSV to anchor prices on")
+    args = parser.parse_args(argv)
+    anchors = catalog_anchors(args.catalog) if args.catalog else None
+    server = VastApiServer(args.api_key, host=args.host, port=args.port, seed=args.seed, count=args.count,
+                           anchors=anchors)
+
+    async def serve() -> None:
+        await server.start()
+        print(f"Vast API on {server.url} ({args.count} offers, seed {args.seed})", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await server.stop()
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,573 @@
+"""AWS EC2 spot and on-demand GPU capacity, through aiobotocore.
+
+- offers: GPU types (DescribeInstanceTypes), where they are sold
+  (DescribeInstanceTypeOfferings), spot prices (DescribeSpotPriceHistory, latest
+  per AZ and type) and on-demand prices from the bundled catalog. Regions are
+  scanned concurrently, each under its own timeout; a failing region is logged
+  and recorded in ``region_health`` and the others stand.
+- launch: RunInstances with ClientToken = the job attempt's token, MinCount =
+  MaxCount = nodes, in the offer's AZ, tagged as Lockstep's. Before buying it
+  looks the token up by tag, so a retried launch never buys twice (also where
+  ClientToken is not honoured, as in moto).
+- multi-node jobs get a cluster placement group named from the job, deleted on
+  release (or by ``sweep_placement_groups`` once its instances are gone).
+
+Credentials come from the standard AWS chain (env, profile, instance role) and
+are never logged. Botocore's own retries are off: errors reach the mapping in
+providers.aws_errors, and TransientError is retried there with tenacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from aiobotocore.session import AioSession
+from botocore.config import Config as BotoConfig
+
+from broker.config import AwsConfig
+from broker.errors import BadRequestError, ProviderError
+from broker.models import (
+    Allocation,
+    AllocationState,
+    AllocationStatus,
+    Colocate,
+    Fabric,
+    Locality,
+    Market,
+    Network,
+    Offer,
+)
+from providers.aws_errors import call
+from providers.aws_requests import (
+    ATTEMPT_TAG,
+    CLIENT_TOKEN_TAG,
+    LIVE_STATES,
+    MARKET_TAG,
+    PLACEMENT_TAG,
+    PROVIDER_TAG,
+    RELEASED_TAG,
+    RESERVATION_TAG,
+    create_placement_group_request,
+    launch_tags,
+    offer_id,
+    placement_group_name,
+    run_instances_request,
+)
+from providers.aws_types import GPU_TYPE_PATTERNS, GpuType, latest_spot_prices, parse_instance_type
+from providers.base import JOB_TAG, OWNER_TAG, LaunchRequest, OfferQuery, Provider
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 100  # filter values per request
+_GONE_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
+
+OnDemandPrice = Callable[[str, str], float | None]
+
+
+@dataclass
+class RegionHealth:
+    """Outcome of the last scan of one region."""
+
+    ok: bool
+    at: datetime
+    seconds: float = 0.0
+    offers: int = 0
+    error: str = ""
+    code: str = ""
+
+
+def _chunks(items: list[str], size: int = _CHUNK) -> Iterable[list[str]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _tags(instance: dict[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in instance.get("Tags") or []}
+
+
+def _on_demand_lookup() -> OnDemandPrice | None:
+    """The bundled catalog's price function, imported lazily (it ships separately)."""
+    try:
+        from providers.catalog import aws_on_demand_price  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return aws_on_demand_price  # type: ignore[no-any-return]
+
+
+def query_accepts(t: GpuType, query: OfferQuery | None) -> bool:
+    if query is None:
+        return True
+    if query.gpus and t.gpu not in query.gpus:
+        return False
+    if query.min_gpus_per_node and t.gpu_count < query.min_gpus_per_node:
+        return False
+    return not (query.min_gpu_memory_gb and t.gpu_memory_gb + 0.5 < query.min_gpu_memory_gb)
+
+
+class AwsProvider(Provider):
+    """EC2 spot and on-demand capacity (see module docstring)."""
+
+    name = "aws"
+
+    def __init__(
+        self, config: AwsConfig, *, installation: str = "lockstep", session: AioSession | None = None
+    ) -> None:
+        self.config = config
+        self.installation = installation
+        # AioSession(profile=None) resolves env → shared files → container/instance role.
+        self._session = session or AioSession(profile=config.profile)
+        self._stack = AsyncExitStack()
+        self._clients: dict[str, Any] = {}
+        self._client_lock = asyncio.Lock()
+        self._types: dict[str, dict[str, GpuType]] = {}
+        self._released: set[str] = set()
+        self._pending_groups: dict[str, str] = {}  # placement group → region, deletion deferred
+        self.region_health: dict[str, RegionHealth] = {}
+
+    def __repr__(self) -> str:
+        return f"AwsProvider(regions={self.config.regions!r}, installation={self.installation!r})"
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def client(self, region: str) -> Any:
+        """The (cached) EC2 client of a region."""
+        async with self._client_lock:
+            ec2 = self._clients.get(region)
+            if ec2 is None:
+                cfg = BotoConfig(
+                    retries={"total_max_attempts": 1, "mode": "standard"},  # tenacity retries, after mapping
+                    connect_timeout=5,
+                    read_timeout=max(5.0, self.config.region_timeout_s),
+                    user_agent_extra="lockstep",
+                )
+                ec2 = await self._stack.enter_async_context(
+                    self._session.create_client(
+                        "ec2", region_name=region, endpoint_url=self.config.endpoint_url, config=cfg
+                    )
+                )
+                self._clients[region] = ec2
+            return ec2
+
+    async def request(self, region: str, method: str, **params: Any) -> dict[str, Any]:
+        """One EC2 call in ``region`` (``method`` as in botocore: 'run_instances'), errors mapped, retried."""
+        ec2 = await self.client(region)
+        operation = ec2.meta.method_to_api_mapping.get(method, method)
+        result: dict[str, Any] = await call(
+            getattr(ec2, method),
+            provider=self.name,
+            operation=f"{operation} in {region}",
+            attempts=self.config.max_attempts,
+            **params,
+        )
+        return result
+
+    async def paginate(self, region: str, method: str, key: str, **params: Any) -> list[dict[str, Any]]:
+        """All items of a NextToken-paginated call (each page retried on its own)."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            page = await self.request(region, method, **params, **({"NextToken": token} if token else {}))
+            items.extend(page.get(key) or [])
+            token = page.get("NextToken")
+            if not token:
+                return items
+
+    async def _instances(self, region: str, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        reservations = await self.paginate(region, "describe_instances", "Reservations", Filters=filters)
+        return [i for r in reservations for i in r.get("Instances") or []]
+
+    async def aclose(self) -> None:
+        self._clients.clear()
+        await self._stack.aclose()
+        self._stack = AsyncExitStack()
+
+    # ------------------------------------------------------------------ offers
+
+    async def gpu_types(self, region: str) -> dict[str, GpuType]:
+        """GPU instance types of a region (cached: the catalogue of types changes rarely)."""
+        cached = self._types.get(region)
+        if cached is not None:
+            return cached
+        records = await self.paginate(
+            region,
+            "describe_instance_types",
+            "InstanceTypes",
+            Filters=[{"Name": "instance-type", "Values": list(GPU_TYPE_PATTERNS)}],
+            MaxResults=100,
+        )
+        types = {t.sku: t for t in (parse_instance_type(r) for r in records) if t is not None}
+        self._types[region] = types
+        return types
+
+    async def offered_zones(self, region: str, skus: list[str]) -> dict[str, list[str]]:
+        zones: dict[str, set[str]] = {}
+        for chunk in _chunks(sorted(skus)):
+            rows = await self.paginate(
+                region,
+                "describe_instance_type_offerings",
+                "InstanceTypeOfferings",
+                LocationType="availability-zone",
+                Filters=[{"Name": "instance-type", "Values": chunk}],
+            )
+            for row in rows:
+                zones.setdefault(row["InstanceType"], set()).add(row["Location"])
+        return {k: sorted(v) for k, v in zones.items()}
+
+    async def spot_prices(self, region: str, skus: list[str]) -> dict[tuple[str, str], float]:
+        """Current spot price per (type, AZ): the price in effect at StartTime=now is the latest."""
+        rows: list[dict[str, Any]] = []
+        now = datetime.now(UTC)
+        for chunk in _chunks(sorted(skus)):
+            rows.extend(
+                await self.paginate(
+                    region,
+                    "describe_spot_price_history",
+                    "SpotPriceHistory",
+                    InstanceTypes=chunk,
+                    ProductDescriptions=["Linux/UNIX"],
+                    StartTime=now,
+                    MaxResults=1000,
+                )
+            )
+        return latest_spot_prices(rows)
+
+    def make_offer(
+        self,
+        t: GpuType,
+        region: str,
+        zone: str,
+        market: Market,
+        usd_per_hour: float,
+        *,
+        provider: str | None = None,
+        max_nodes: int | None = None,
+        cluster: str = "",
+        attrs: dict[str, str] | None = None,
+    ) -> Offer:
+        clustered = t.cluster_placement and self.config.placement_groups
+        provider = provider or self.name
+        return Offer(
+            id=offer_id(provider, market, region, zone, t.sku),
+            provider=provider,
+            market=market,
+            sku=t.sku,
+            gpu=t.gpu,
+            gpu_count=t.gpu_count,
+            gpu_memory_gb=t.gpu_memory_gb,
+            vcpus=t.vcpus,
+            ram_gb=t.ram_gb,
+            disk_gb=t.disk_gb,
+            usd_per_hour=max(0.0, usd_per_hour),
+            interruptible=market is Market.spot,
+            max_nodes=max_nodes or self.config.max_cluster_nodes,
+            # Without a placement group EC2 only promises "same AZ".
+            colocation=Colocate.cluster if clustered or cluster else Colocate.zone,
+            locality=Locality(provider=provider, region=region, zone=zone, cluster=cluster),
+            network=Network(
+                intra=t.intra,
+                fabric=Fabric.efa if t.efa else Fabric.ethernet,
+                fabric_gbps=t.network_gbps,
+            ),
+            egress_usd_per_gb=self.config.egress_usd_per_gb,
+            attrs={
+                "instance_type": t.sku,
+                "efa_interfaces": str(t.efa_interfaces),
+                "network_cards": str(t.network_cards),
+                **(attrs or {}),
+            },
+        )
+
+    async def _region_offers(self, region: str, query: OfferQuery | None) -> list[Offer]:
+        markets = set(query.markets) if query and query.markets else {Market.spot, Market.on_demand}
+        types = {k: t for k, t in (await self.gpu_types(region)).items() if query_accepts(t, query)}
+        if not types or not markets & {Market.spot, Market.on_demand}:
+            return []
+        zones = await self.offered_zones(region, list(types))
+        spot = await self.spot_prices(region, list(zones)) if Market.spot in markets and zones else {}
+        od_price = _on_demand_lookup() if Market.on_demand in markets else None
+        cap = query.max_usd_per_hour if query else None
+        out: list[Offer] = []
+        for sku in sorted(zones):
+            t = types[sku]
+            on_demand = od_price(sku, region) if od_price else None
+            for zone in zones[sku]:
+                if on_demand is not None and (cap is None or on_demand <= cap):
+                    out.append(self.make_offer(t, region, zone, Market.on_demand, on_demand))
+                price = spot.get((sku, zone))
+                if price is not None and (cap is None or price <= cap):
+                    out.append(self.make_offer(t, region, zone, Market.spot, price))
+        return out
+
+    async def _scan(self, region: str, query: OfferQuery | None) -> list[Offer] | ProviderError:
+        started = time.monotonic()
+        try:
+            offers = await asyncio.wait_for(self._region_offers(region, query), self.config.region_timeout_s)
+        except (ProviderError, TimeoutError) as exc:
+            err = exc if isinstance(exc, ProviderError) else None
+            code = err.code if err else "Timeout"
+            text = str(exc) if err else f"no answer within {self.config.region_timeout_s:g}s"
+            log.warning("aws: region %s left out of this scan: %s", region, text)
+            self.region_health[region] = RegionHealth(
+                ok=False, at=datetime.now(UTC), seconds=time.monotonic() - started, error=text, code=code
+            )
+            return err or ProviderError(self.name, f"{region}: {text}", code)
+        self.region_health[region] = RegionHealth(
+            ok=True, at=datetime.now(UTC), seconds=time.monotonic() - started, offers=len(offers)
+        )
+        return offers
+
+    async def offers(self, query: OfferQuery | None = None) -> list[Offer]:
+        regions = [r for r in self.config.regions if not (query and query.regions) or r in query.regions]
+        results = await asyncio.gather(*(self._scan(r, query) for r in regions))
+        failures = [r for r in results if isinstance(r, ProviderError)]
+        if regions and len(failures) == len(regions):
+            raise failures[0]  # nothing answered: let the market mark AWS stale
+        return [o for r in results if not isinstance(r, ProviderError) for o in r]
+
+    # ------------------------------------------------------------------ launch
+
+    async def find_by_token(self, region: str, token: str) -> list[dict[str, Any]]:
+        """Live instances a previous call with this client token bought."""
+        return await self._instances(
+            region,
+            [
+                {"Name": f"tag:{CLIENT_TOKEN_TAG}", "Values": [token]},
+                {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
+            ],
+        )
+
+    async def ensure_placement_group(self, region: str, name: str, tags: dict[str, str]) -> None:
+        try:
+            await self.request(region, "create_placement_group", **create_placement_group_request(name, tags))
+        except BadRequestError as exc:
+            if exc.code != "InvalidPlacementGroup.Duplicate":  # a retried launch made it already
+                raise
+
+    async def delete_placement_group(self, region: str, name: str) -> bool:
+        """Delete a placement group; False (and kept for a later sweep) while instances still occupy it."""
+        try:
+            await self.request(region, "delete_placement_group", GroupName=name)
+        except ProviderError as exc:
+            if exc.code == "InvalidPlacementGroup.Unknown":
+                self._pending_groups.pop(name, None)
+                return True
+            if exc.code == "InvalidPlacementGroup.InUse" or exc.retryable:
+                self._pending_groups[name] = region
+                log.info("aws: placement group %s still in use; deletion deferred", name)
+                return False
+            raise
+        self._pending_groups.pop(name, None)
+        return True
+
+    async def sweep_placement_groups(self) -> list[str]:
+        """Retry deferred placement-group deletions (call from the reconcile loop); the names deleted."""
+        done = []
+        for name, region in list(self._pending_groups.items()):
+            if await self.delete_placement_group(region, name):
+                done.append(name)
+        return done
+
+    async def launch(self, req: LaunchRequest) -> Allocation:
+        return await self.launch_as(req, provider=self.name)
+
+    async def launch_as(
+        self,
+        req: LaunchRequest,
+        *,
+        provider: str,
+        capacity_reservation_id: str | None = None,
+        shared_group: str | None = None,
+    ) -> Allocation:
+        """Launch for ``provider`` (this adapter or the reserved one, which shares the code).
+
+        ``shared_group``: an existing placement group to launch into (a capacity reservation's),
+        which Lockstep neither creates nor deletes.
+        """
+        offer = req.offer
+        region = offer.region
+        token = req.client_token
+        existing = await self.find_by_token(region, token)
+        if existing:
+            log.info("aws: %s attempt %d already launched (client token match)", req.job_id, req.attempt)
+            return self._allocation(req.job_id, req.attempt, provider, region, existing, offer=offer)
+        gpu_type = (await self.gpu_types(region)).get(offer.sku)
+        group: str | None = None
+        if (
+            req.nodes > 1
+            and self.config.placement_groups
+            and capacity_reservation_id is None  # a reservation decides its own placement
+            and (gpu_type is None or gpu_type.cluster_placement)
+        ):
+            group = placement_group_name(self.installation, req.job_id, req.attempt)
+            tags = launch_tags(
+                req,
+                installation=self.installation,
+                provider=provider,
+                market=offer.market,
+                placement_group=group,
+                capacity_reservation_id=None,
+            )
+            await self.ensure_placement_group(region, group, tags)
+        params = run_instances_request(
+            req,
+            config=self.config,
+            installation=self.installation,
+            provider=provider,
+            gpu_type=gpu_type,
+            placement_group=group,
+            capacity_reservation_id=capacity_reservation_id,
+            shared_group=shared_group,
+        )
+        try:
+            resp = await self.request(region, "run_instances", **params)
+        except ProviderError:
+            if group:  # nothing runs in it: do not leave it behind
+                await self.delete_placement_group(region, group)
+            raise
+        instances = resp.get("Instances") or []
+        return self._allocation(req.job_id, req.attempt, provider, region, instances, offer=offer)
+
+    def _allocation(
+        self,
+        job_id: str,
+        attempt: int,
+        provider: str,
+        region: str,
+        instances: list[dict[str, Any]],
+        *,
+        offer: Offer | None = None,
+    ) -> Allocation:
+        first = instances[0] if instances else {}
+        tags = _tags(first)
+        zone = (first.get("Placement") or {}).get("AvailabilityZone", offer.zone if offer else "")
+        sku = first.get("InstanceType", offer.sku if offer else "")
+        market = tags.get(MARKET_TAG) or (offer.market.value if offer else "")
+        if not market:
+            market = Market.spot.value if first.get("InstanceLifecycle") == "spot" else Market.on_demand.value
+        token = tags.get(CLIENT_TOKEN_TAG, "")
+        states = {i.get("State", {}).get("Name", "") for i in instances}
+        group = tags.get(PLACEMENT_TAG) or (first.get("Placement") or {}).get("GroupName") or ""
+        attrs = {"instance_type": sku, "market": market, "placement_group": group}
+        if tags.get(RESERVATION_TAG):
+            attrs["capacity_reservation_id"] = tags[RESERVATION_TAG]
+        return Allocation(
+            id=token or f"{provider}-{job_id}-{attempt}",
+            job_id=job_id,
+            attempt=attempt,
+            provider=provider,
+            offer_id=offer.id if offer else offer_id(provider, market, region, zone, sku),
+            state=AllocationState.running if states == {"running"} else AllocationState.pending,
+            client_token=token,
+            resource_ids=[i["InstanceId"] for i in instances],
+            nodes=len(instances),
+            region=region,
+            zone=zone,
+            usd_per_hour=(offer.usd_per_hour * len(instances)) if offer else 0.0,
+            attrs=attrs,
+        )
+
+    # ------------------------------------------------------------------ poll / release / owned
+
+    async def poll(self, alloc: Allocation) -> AllocationStatus:
+        ids = list(alloc.resource_ids)
+        if not ids:
+            return AllocationStatus(state=AllocationState.unknown, reason="allocation has no instances")
+        found: dict[str, dict[str, Any]] = {}
+        for chunk in _chunks(ids):
+            for inst in await self._instances(alloc.region, [{"Name": "instance-id", "Values": chunk}]):
+                found[inst["InstanceId"]] = inst
+        gone = [i for i in ids if i not in found or found[i]["State"]["Name"] in _GONE_STATES]
+        if gone:
+            released = alloc.state is AllocationState.released or set(ids) <= self._released
+            released = released or any(_tags(found[i]).get(RELEASED_TAG) for i in gone if i in found)
+            if released:
+                return AllocationStatus(state=AllocationState.released, reason="released by Lockstep")
+            reasons = sorted(
+                {(found[i].get("StateReason") or {}).get("Code", "") for i in gone if i in found} - {""}
+            )
+            why = ", ".join(reasons) or "instance gone"
+            spot = alloc.attrs.get("market") == Market.spot.value or any(
+                found[i].get("InstanceLifecycle") == "spot" for i in gone if i in found
+            )
+            if spot or any(r.startswith("Server.SpotInstance") for r in reasons):
+                return AllocationStatus(
+                    state=AllocationState.preempted,
+                    reason=f"spot instance(s) {', '.join(gone)} ended, not released by Lockstep ({why})",
+                )
+            return AllocationStatus(
+                state=AllocationState.failed, reason=f"instance(s) {', '.join(gone)} ended ({why})"
+            )
+        states = {found[i]["State"]["Name"] for i in ids}
+        hosts = [found[i].get("PrivateIpAddress") or found[i].get("PrivateDnsName") or i for i in ids]
+        if states == {"running"}:
+            return AllocationStatus(state=AllocationState.running, hosts=hosts)
+        return AllocationStatus(state=AllocationState.pending, reason="starting", hosts=hosts)
+
+    async def release(self, alloc: Allocation) -> None:
+        """Terminate the instances (idempotent) and delete the job's placement group."""
+        region = alloc.region
+        ids = list(alloc.resource_ids)
+        self._released.update(ids)
+        for chunk in _chunks(ids):
+            alive = [
+                i["InstanceId"]
+                for i in await self._instances(region, [{"Name": "instance-id", "Values": chunk}])
+                if i["State"]["Name"] not in ("shutting-down", "terminated")
+            ]
+            if not alive:
+                continue
+            # Mark first, so that poll() (even from another replica) tells this from a preemption.
+            await self.request(
+                region, "create_tags", Resources=alive, Tags=[{"Key": RELEASED_TAG, "Value": "true"}]
+            )
+            await self.request(region, "terminate_instances", InstanceIds=alive)
+        group = alloc.attrs.get("placement_group")
+        if group:
+            await self.delete_placement_group(region, group)
+        await self.sweep_placement_groups()
+
+    async def owned(self) -> list[Allocation]:
+        return await self.owned_as(self.name)
+
+    async def owned_as(self, provider: str) -> list[Allocation]:
+        """Live instances of this installation launched by ``provider``, one Allocation per job attempt."""
+        results = await asyncio.gather(
+            *(self._owned_region(r, provider) for r in self.config.regions), return_exceptions=True
+        )
+        out: list[Allocation] = []
+        for region, res in zip(self.config.regions, results, strict=True):
+            if isinstance(res, BaseException):
+                # A region we cannot see must not look empty: the broker would think its jobs lost.
+                log.warning("aws: owned() could not list %s: %s", region, res)
+                raise res
+            out.extend(res)
+        return out
+
+    async def _owned_region(self, region: str, provider: str) -> list[Allocation]:
+        instances = await self._instances(
+            region,
+            [
+                {"Name": f"tag:{OWNER_TAG}", "Values": [self.installation]},
+                {"Name": f"tag:{PROVIDER_TAG}", "Values": [provider]},
+                {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
+            ],
+        )
+        groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+        for inst in instances:
+            tags = _tags(inst)
+            key = (tags.get(JOB_TAG, ""), tags.get(ATTEMPT_TAG, "0"), tags.get(CLIENT_TOKEN_TAG, ""))
+            groups.setdefault(key, []).append(inst)
+        out = []
+        for (job_id, attempt, _token), members in sorted(groups.items()):
+            members.sort(key=lambda i: (i.get("AmiLaunchIndex", 0), i["InstanceId"]))
+            out.append(
+                self._allocation(job_id, int(attempt) if attempt.isdigit() else 0, provider, region, members)
+            )
+        return out

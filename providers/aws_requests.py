@@ -1,0 +1,172 @@
+"""EC2 request bodies Lockstep sends, built from a LaunchRequest: pure functions, no I/O.
+
+Kept apart from the provider so the exact parameters (tags, placement, market
+options, EFA interfaces, capacity-reservation target) can be read in one place
+and checked against the EC2 service model by botocore's Stubber in tests.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from broker.config import AwsConfig
+from broker.errors import BadRequestError
+from broker.models import Fabric, Market
+from providers.aws_types import GpuType
+from providers.base import JOB_TAG, OWNER_TAG, TENANT_TAG, LaunchRequest
+
+CLIENT_TOKEN_TAG = "lockstep:client-token"
+ATTEMPT_TAG = "lockstep:attempt"
+PROVIDER_TAG = "lockstep:provider"  # "aws" or "reserved": which adapter reconciles the instance
+MARKET_TAG = "lockstep:market"
+PLACEMENT_TAG = "lockstep:placement-group"
+RESERVATION_TAG = "lockstep:capacity-reservation"
+RELEASED_TAG = "lockstep:released"  # set just before Lockstep terminates: tells release from preemption
+
+# States in which an instance still exists (and may cost money).
+LIVE_STATES: tuple[str, ...] = ("pending", "running", "stopping", "stopped")
+
+
+def offer_id(provider: str, market: Market | str, region: str, zone: str, sku: str) -> str:
+    return f"{provider}:{Market(market).value}:{region}:{zone}:{sku}"
+
+
+def placement_group_name(installation: str, job_id: str, attempt: int) -> str:
+    """One cluster placement group per job attempt, named from the job (EC2: ≤255 ASCII chars)."""
+    raw = f"{installation}-{job_id}-a{attempt}"
+    return re.sub(r"[^A-Za-z0-9-]", "-", raw)[:200]
+
+
+def tag_list(tags: dict[str, str]) -> list[dict[str, str]]:
+    return [{"Key": k, "Value": v} for k, v in tags.items()]
+
+
+def launch_tags(
+    req: LaunchRequest,
+    *,
+    installation: str,
+    provider: str,
+    market: Market,
+    placement_group: str | None,
+    capacity_reservation_id: str | None,
+) -> dict[str, str]:
+    tags = {
+        "Name": f"lockstep-{req.job_id}"[:255],
+        OWNER_TAG: installation,
+        JOB_TAG: req.job_id,
+        TENANT_TAG: req.tenant,
+        CLIENT_TOKEN_TAG: req.client_token,
+        ATTEMPT_TAG: str(req.attempt),
+        PROVIDER_TAG: provider,
+        MARKET_TAG: market.value,
+    }
+    if placement_group:
+        tags[PLACEMENT_TAG] = placement_group
+    if capacity_reservation_id:
+        tags[RESERVATION_TAG] = capacity_reservation_id
+    return tags
+
+
+def wants_efa(req: LaunchRequest, gpu_type: GpuType | None) -> bool:
+    """EFA interfaces only where the type has them and the job cannot do with plain ethernet."""
+    return bool(gpu_type and gpu_type.efa and not req.spec.fabric.accepts(Fabric.ethernet))
+
+
+def efa_interfaces(gpu_type: GpuType, subnet_id: str, security_groups: list[str]) -> list[dict[str, Any]]:
+    """One EFA interface per network card (p5: 32, p4d: 4): device 0 on card 0, device 1 on the others."""
+    count = max(1, min(gpu_type.efa_interfaces or 1, gpu_type.network_cards or 1))
+    out: list[dict[str, Any]] = []
+    for card in range(count):
+        nic: dict[str, Any] = {
+            "NetworkCardIndex": card,
+            "DeviceIndex": 0 if card == 0 else 1,
+            "InterfaceType": "efa",
+            "SubnetId": subnet_id,
+            "DeleteOnTermination": True,
+        }
+        if security_groups:
+            nic["Groups"] = list(security_groups)
+        out.append(nic)
+    return out
+
+
+def run_instances_request(
+    req: LaunchRequest,
+    *,
+    config: AwsConfig,
+    installation: str,
+    provider: str,
+    gpu_type: GpuType | None,
+    placement_group: str | None = None,
+    capacity_reservation_id: str | None = None,
+    shared_group: str | None = None,
+) -> dict[str, Any]:
+    """RunInstances parameters for one job attempt: all nodes or none (MinCount = MaxCount).
+
+    ``placement_group`` is the job's own group (tagged, deleted on release); ``shared_group`` one
+    that belongs to somebody else (a capacity reservation's), only launched into.
+    """
+    offer = req.offer
+    zone = offer.zone
+    market = offer.market
+    if market not in (Market.spot, Market.on_demand, Market.reserved):
+        raise BadRequestError(provider, f"cannot launch a {market.value} offer on EC2", "Market")
+    if not zone:
+        raise BadRequestError(provider, "offer has no availability zone", "NoZone")
+    tags = launch_tags(
+        req,
+        installation=installation,
+        provider=provider,
+        market=market,
+        placement_group=placement_group,
+        capacity_reservation_id=capacity_reservation_id,
+    )
+    placement: dict[str, Any] = {"AvailabilityZone": zone}
+    if placement_group or shared_group:
+        placement["GroupName"] = placement_group or shared_group
+    params: dict[str, Any] = {
+        "ImageId": config.image_id,
+        "InstanceType": offer.sku,
+        "MinCount": req.nodes,
+        "MaxCount": req.nodes,
+        "ClientToken": req.client_token,
+        "Placement": placement,
+        "TagSpecifications": [
+            {"ResourceType": "instance", "Tags": tag_list(tags)},
+            {"ResourceType": "volume", "Tags": tag_list(tags)},
+        ],
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+    }
+    subnet = config.subnet_ids.get(zone)
+    if wants_efa(req, gpu_type):
+        assert gpu_type is not None
+        if not subnet:
+            raise BadRequestError(provider, f"EFA needs a subnet in {zone}: set aws.subnet_ids", "NoSubnet")
+        # With explicit interfaces, subnet and groups go on the interfaces, not on the request.
+        params["NetworkInterfaces"] = efa_interfaces(gpu_type, subnet, config.security_group_ids)
+    else:
+        if subnet:
+            params["SubnetId"] = subnet
+        if config.security_group_ids:
+            params["SecurityGroupIds"] = list(config.security_group_ids)
+    if config.key_name:
+        params["KeyName"] = config.key_name
+    if market is Market.spot:
+        params["InstanceMarketOptions"] = {
+            "MarketType": "spot",
+            "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
+        }
+    if capacity_reservation_id:
+        params["CapacityReservationSpecification"] = {
+            "CapacityReservationTarget": {"CapacityReservationId": capacity_reservation_id}
+        }
+    return params
+
+
+def create_placement_group_request(name: str, tags: dict[str, str]) -> dict[str, Any]:
+    return {
+        "GroupName": name,
+        "Strategy": "cluster",
+        "TagSpecifications": [{"ResourceType": "placement-group", "Tags": tag_list(tags)}],
+    }

@@ -35,7 +35,7 @@ class ProviderHealth(BaseModel):
     age_s: float | None = None
 
 
-class Market:
+class Marketplace:
     def __init__(
         self,
         providers: Mapping[str, Provider],

@@ -8,14 +8,29 @@ event loop (API, broker loops) never waits on the database.
 from __future__ import annotations
 
 import asyncio
+import logging
+import secrets
 import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from broker.config import Settings
-from broker.market import Market, ProviderHealth
-from broker.models import JobSpec, Offer, Quote, utcnow
+from broker.errors import NotFoundError, ProviderError
+from broker.market import Marketplace, ProviderHealth
+from broker.models import (
+    TERMINAL_STATES,
+    Allocation,
+    AllocationState,
+    Job,
+    JobSpec,
+    JobState,
+    Market,
+    Offer,
+    PricePoint,
+    Quote,
+    utcnow,
+)
 from broker.registry import build_providers
 from policies.offers import OfferFilter, select
 from policies.ranking import quote as rank_quote
@@ -23,6 +38,13 @@ from providers.base import Provider
 
 if TYPE_CHECKING:
     from broker.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def new_job_id() -> str:
+    """Time-ordered, unguessable: 'j' + milliseconds (hex) + 8 random hex digits."""
+    return f"j{int(time.time() * 1000):011x}{secrets.token_hex(4)}"
 
 
 class Lockstep:
@@ -39,9 +61,10 @@ class Lockstep:
         self.clock = clock
         if providers is None:
             providers = build_providers(settings, only=only_providers)
-        self.market = Market(providers, timeout_s=settings.broker.provider_timeout_s, clock=clock)
+        self.market = Marketplace(providers, timeout_s=settings.broker.provider_timeout_s, clock=clock)
         self._store = store
         self.quote_observer: Callable[[float], None] | None = None  # metrics hook
+        self.job_submitted = asyncio.Event()  # wakes the placement loop early
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -96,3 +119,73 @@ class Lockstep:
 
     def providers_health(self) -> dict[str, ProviderHealth]:
         return self.market.health()
+
+    # ------------------------------------------------------------------ jobs
+    async def submit(self, spec: JobSpec, *, tenant: str = "default", idempotency_key: str | None = None) -> Job:
+        """Accept a job: once this returns, the job is in the store and survives a crash."""
+        now = self.clock()
+        job = Job(id=new_job_id(), tenant=tenant, spec=spec, deadline=spec.deadline_at(now), created_at=now,
+                  updated_at=now)
+        job, created = await self.db(self.store.create_job, job, idempotency_key)
+        if created:
+            self.job_submitted.set()
+        return job
+
+    async def list_jobs(self, *, tenant: str | None = None, states: list[JobState] | None = None, limit: int = 50,
+                        cursor: str | None = None) -> tuple[list[Job], str | None]:
+        return await self.db(self.store.list_jobs, tenant, states, limit, cursor)
+
+    async def get_job(self, job_id: str, tenant: str | None = None) -> Job:
+        return await self.db(self.store.get_job, job_id, tenant)
+
+    async def job_allocations(self, job_id: str) -> list[Allocation]:
+        return await self.db(self.store.allocations, job_id)
+
+    async def release_allocation(self, alloc: Allocation, reason: str) -> Allocation:
+        """Give an allocation back to its provider and record it; already-gone counts as released."""
+        provider = self.market.providers.get(alloc.provider)
+        if provider is None:
+            raise ProviderError(alloc.provider, "provider not configured; cannot release " + alloc.id)
+        if alloc.resource_ids or alloc.state is not AllocationState.intent:
+            await provider.release(alloc)
+        return await self.db(self.store.update_allocation, alloc.id, state=AllocationState.released, reason=reason)
+
+    async def cancel(self, job_id: str, tenant: str | None = None, reason: str = "cancelled by user") -> Job:
+        """Cancel a job and release everything it holds. Cancelling a finished job changes nothing."""
+        job = await self.get_job(job_id, tenant)
+        if job.state in TERMINAL_STATES:
+            return job
+        job = await self.db(self.store.transition, job_id, JobState.cancelled, reason)
+        for alloc in await self.db(self.store.allocations, job_id):
+            if alloc.state in (AllocationState.released, AllocationState.failed, AllocationState.succeeded):
+                continue
+            try:
+                await self.release_allocation(alloc, reason)
+            except ProviderError as exc:  # the reconciler retries releases of cancelled jobs
+                log.warning("release of %s for cancelled job %s failed: %s", alloc.id, job_id, exc)
+        return await self.get_job(job_id, tenant)
+
+    # ------------------------------------------------------------------ nodes, prices
+    async def drain_node(self, provider: str, node: str, reason: str) -> dict[str, Any]:
+        """Mark a node unhealthy (it leaves the offers at once) and drain it at its provider when possible."""
+        if not reason.strip():
+            from broker.errors import SpecError
+
+            raise SpecError("reason", "a drain needs a reason")
+        prov = self.market.providers.get(provider)
+        if prov is None:
+            raise NotFoundError(f"provider {provider} not configured")
+        await self.db(self.store.set_node_health, provider, node, False, reason)
+        drained = False
+        drain = getattr(prov, "drain", None)
+        if drain is not None:
+            await drain(node, reason)
+            drained = True
+        return {"provider": provider, "node": node, "healthy": False, "reason": reason, "drained": drained}
+
+    async def price_history(self, *, gpu: str | None = None, sku: str | None = None, provider: str | None = None,
+                            market: Market | None = None, zone: str | None = None, region: str | None = None,
+                            since: datetime | None = None, until: datetime | None = None,
+                            limit: int | None = None) -> list[PricePoint]:
+        return await self.db(self.store.price_history, gpu=gpu, sku=sku, provider=provider, market=market,
+                             zone=zone, region=region, since=since, until=until, limit=limit)

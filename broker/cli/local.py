@@ -26,7 +26,8 @@ class LocalBackend:
         return await self.svc.submit(parse_spec(spec_data), idempotency_key=idempotency_key)
 
     async def jobs(self, states: list[JobState] | None, limit: int) -> list[Job]:
-        return await self.svc.list_jobs(states=states, limit=limit)
+        jobs, _ = await self.svc.list_jobs(states=states, limit=limit)
+        return jobs
 
     async def status(self, job_id: str) -> Job:
         return await self.svc.get_job(job_id)

@@ -468,15 +468,19 @@ def benchmark_from_probe(doc: dict[str, Any], provider: str, target: str) -> Any
     from broker.gpus import normalise_gpu
     from broker.models import Benchmark
 
-    gpus = [g for g in doc.get("gpus", []) if g.get("name")]
-    names = {g["name"] for g in gpus}
+    measured = doc.get("gpus") or []
+    # nvidia-smi sees the GPUs even without torch: it names them and counts their ECC errors.
+    smi_gpus = (doc.get("nvidia_smi") or {}).get("gpus") or []
+    named = [g for g in measured or smi_gpus if g.get("name")]
+    names = {g["name"] for g in named}
     gpu = ""
     if len(names) == 1:
         name = next(iter(names))
-        gpu = normalise_gpu(name, gpus[0].get("memory_gb")) or name
+        memory = named[0].get("memory_gb") or (named[0].get("memory_mib") or 0) / 1024 or None
+        gpu = normalise_gpu(name, memory) or name
 
     def weakest(key: str) -> float | None:
-        values = [g[key] for g in gpus if isinstance(g.get(key), (int, float))]
+        values = [g[key] for g in measured if isinstance(g.get(key), (int, float))]
         return min(values) if values else None
 
     nccl = doc.get("nccl") or {}
@@ -485,7 +489,7 @@ def benchmark_from_probe(doc: dict[str, Any], provider: str, target: str) -> Any
         provider=provider,
         target=target or doc.get("host", {}).get("hostname", ""),
         gpu=gpu,
-        gpu_count=len(doc.get("gpus", [])),
+        gpu_count=len(measured or smi_gpus),
         tflops_bf16=weakest("tflops_bf16"),
         mem_bw_gbps=weakest("mem_bw_gbps"),
         h2d_gbps=weakest("h2d_gbps"),
@@ -493,7 +497,7 @@ def benchmark_from_probe(doc: dict[str, Any], provider: str, target: str) -> Any
         allreduce_latency_us=nccl.get("latency_us"),
         disk_write_mbps=disk.get("write_mbps"),
         disk_read_mbps=disk.get("read_mbps"),
-        ecc_double_bit=sum(g.get("ecc_double_bit") or 0 for g in doc.get("gpus", [])),
+        ecc_double_bit=sum(g.get("ecc_double_bit") or 0 for g in smi_gpus or measured),
         raw={"source": "probe", **doc},
     )
 

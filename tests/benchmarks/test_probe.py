@@ -109,3 +109,19 @@ def test_benchmark_from_a_gpu_probe_document_takes_the_weakest_gpu() -> None:
     assert bench.tflops_bf16 == 388.0 and bench.mem_bw_gbps == 2950.0 and bench.h2d_gbps == 51.7
     assert bench.ecc_double_bit == 2
     assert bench.busbw_gbps == 361.5 and bench.allreduce_latency_us == 18.2
+
+
+def test_benchmark_from_a_probe_without_torch_keeps_nvidia_smi_ecc_counts() -> None:
+    # torch absent, nvidia-smi present: no throughput, but the double-bit ECC count must not be lost
+    doc = {
+        "host": {"hostname": "a100-3"},
+        "gpus": [],
+        "gpu_note": "PyTorch is not installed: no GPU throughput measured (nvidia-smi sees 2 GPU(s))",
+        "nvidia_smi": {"available": True, "gpus": [
+            {"index": 0, "name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960, "ecc_double_bit": 0},
+            {"index": 1, "name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960, "ecc_double_bit": 4},
+        ]},
+    }
+    bench = benchmark_from_probe(doc, "onprem", "")
+    assert (bench.gpu, bench.gpu_count, bench.ecc_double_bit) == ("A100-SXM-40GB", 2, 4)
+    assert bench.tflops_bf16 is None and bench.target == "a100-3"

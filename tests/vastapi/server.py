@@ -14,7 +14,8 @@ Implements what Lockstep's adapter calls, as Vast's official CLI calls it (share
 
 Faults for the client's retry and error paths (``VastState.faults`` in process, or ``POST /_admin/faults``):
 a fraction of 429/500 answers, a burst of N 429s with ``Retry-After``, the daily search quota 429, a permanent 401,
-and asks rented by someone else between search and create. ``/_admin/*`` needs no key: loopback only.
+asks rented by someone else between search and create, and a create whose answer is lost (rented, then 502).
+``/_admin/*`` needs no key: loopback only.
 
 Standalone: ``python -m tests.vastapi.server --port 8765 --api-key KEY`` then point ``LOCKSTEP_VAST_URL`` at it.
 """
@@ -54,6 +55,7 @@ class Faults:
     unauthorized: bool = False  # every /api/ call answers 401 (a revoked key)
     quota_exhausted: bool = False  # searches answer the daily-quota 429
     steal_next_create: int = 0  # the next N creates find their ask just rented by someone else
+    lose_next_create: int = 0  # the next N creates rent the ask but answer 502 (the answer is lost)
     seed: int = 1
 
 
@@ -299,6 +301,9 @@ async def _create(request: web.Request) -> web.Response:
         "is_bid": price is not None, "min_bid": offer["min_bid"], "geolocation": offer["geolocation"],
         "reliability2": offer["reliability2"], "template_id": None, "template_hash_id": None, "ports": {},
     }
+    if state.faults.lose_next_create > 0:
+        state.faults.lose_next_create -= 1
+        return _error(502, "bad_gateway", "upstream timed out")
     return web.json_response({"success": True, "new_contract": iid})
 
 

@@ -1,0 +1,87 @@
+"""Rent → poll → destroy, found again by label after a restart, and listed by owned()."""
+
+from __future__ import annotations
+
+from broker.models import AllocationState, Market
+from providers.base import OfferQuery
+from providers.vast import VastProvider
+from tests.vast.helpers import launch_request
+
+
+async def _cheapest(vast: VastProvider, gpu: str = "RTX-4090", market: Market = Market.on_demand):
+    offers = await vast.offers(OfferQuery(gpus=[gpu], markets=[market], disk_gb=50))
+    assert offers
+    return min(offers, key=lambda o: o.usd_per_hour)
+
+
+async def test_rent_poll_destroy_and_find_again_by_label(vast_api, vast_config):
+    async with VastProvider(vast_config, installation="ci") as vast:
+        offer = await _cheapest(vast)
+        req = launch_request(offer, job_id="job-41")
+        alloc = await vast.launch(req)
+    ask_id = int(offer.attrs["ask_id"])
+    iid = int(alloc.resource_ids[0])
+    assert alloc.provider == "vast" and alloc.state is AllocationState.pending
+    assert alloc.offer_id == offer.id and alloc.client_token == req.client_token
+    assert alloc.usd_per_hour == offer.usd_per_hour
+
+    [create] = [r for r in vast_api.state.requests if r["method"] == "PUT"]
+    assert create["path"] == f"/api/v0/asks/{ask_id}/"
+    body = create["body"]
+    assert body["label"] == "lockstep:ci:job-41:0" and body["price"] is None
+    assert body["image"] == req.spec.image and body["onstart"] == req.spec.command and body["disk"] == 50.0
+    assert vast_api.state.instances[iid]["label"] == "lockstep:ci:job-41:0"
+
+    # The rented ask leaves the market.
+    async with VastProvider(vast_config, installation="ci") as vast:
+        again = await vast.offers(OfferQuery(gpus=["RTX-4090"], disk_gb=50))
+        assert all(o.attrs["ask_id"] != str(ask_id) for o in again)
+
+    # A new adapter (a restarted broker) finds the instance by its label instead of renting twice.
+    async with VastProvider(vast_config, installation="ci") as vast:
+        same = await vast.launch(req)
+        assert same.resource_ids == alloc.resource_ids
+        assert len(vast_api.state.instances) == 1
+        owned = await vast.owned()
+        assert [(a.job_id, a.attempt, a.resource_ids) for a in owned] == [("job-41", 0, [str(iid)])]
+
+        states = [(await vast.poll(alloc)).state for _ in range(3)]
+        assert states == [AllocationState.pending, AllocationState.running, AllocationState.running]
+        status = await vast.poll(alloc)
+        assert status.hosts == [vast_api.state.instances[iid]["public_ipaddr"]]
+
+        await vast.release(alloc)
+        assert iid not in vast_api.state.instances
+        assert (await vast.poll(alloc)).state is AllocationState.released
+        await vast.release(alloc)  # releasing twice is fine
+        assert await vast.owned() == []
+        back = await vast.offers(OfferQuery(gpus=["RTX-4090"], disk_gb=50))
+        assert any(o.attrs["ask_id"] == str(ask_id) for o in back)
+
+
+async def test_owned_pages_through_instances_and_keeps_only_this_installation(vast_api, vast_config):
+    async with VastProvider(vast_config, installation="ci") as mine, \
+            VastProvider(vast_config, installation="other") as theirs:
+        offers = await mine.offers(OfferQuery(gpus=["RTX-4090", "RTX-3090"], markets=[Market.on_demand]))
+        for i, offer in enumerate(offers[:60]):
+            await mine.launch(launch_request(offer, job_id=f"job-{i}"))
+        await theirs.launch(launch_request(offers[60], job_id="theirs"))
+        owned = await mine.owned()
+    assert sorted(a.job_id for a in owned) == sorted(f"job-{i}" for i in range(60))
+    pages = [r for r in vast_api.state.requests if r["path"] == "/api/v1/instances/" and "after_token" in r["query"]]
+    assert pages, "61 instances take more than one page"
+
+
+async def test_spot_launch_bids_min_bid_and_reports_preemption(vast_api, vast_config):
+    async with VastProvider(vast_config) as vast:
+        offer = await _cheapest(vast, "RTX-3090", Market.spot)
+        alloc = await vast.launch(launch_request(offer, job_id="job-spot"))
+        [create] = [r for r in vast_api.state.requests if r["method"] == "PUT"]
+        assert create["body"]["price"] == float(offer.attrs["min_bid"])
+        iid = int(alloc.resource_ids[0])
+        vast_api.state.set_instance(iid, actual_status="exited", cur_state="stopped", intended_status="running")
+        status = await vast.poll(alloc)
+        assert status.state is AllocationState.preempted and "outbid" in status.reason
+        vast_api.state.set_instance(iid, actual_status="exited", cur_state="stopped", intended_status="stopped",
+                                    is_bid=False)
+        assert (await vast.poll(alloc)).state is AllocationState.succeeded

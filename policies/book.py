@@ -76,7 +76,7 @@ class OfferBook:
         cols = {
             "provider": np.zeros(n, np.int32), "market": np.zeros(n, np.int8), "gpu": np.zeros(n, np.int32),
             "region": np.zeros(n, np.int32), "gpu_count": np.zeros(n, np.int32), "gpu_mem": f64(),
-            "price": f64(), "divisible": np.zeros(n, bool), "interruptible": np.zeros(n, bool),
+            "price": f64(), "price_per_gpu": f64(), "divisible": np.zeros(n, bool), "interruptible": np.zeros(n, bool),
             "max_nodes": np.zeros(n, np.int32), "coloc": np.zeros(n, np.int8), "fabric": np.zeros(n, np.int8),
             "fabric_rank": np.zeros(n, np.int8), "fabric_gbps": f64(), "fabric_eff": f64(),
             "fabric_lat": f64(), "intra_bw": f64(), "tflops": f64(), "measured": np.zeros(n, bool),
@@ -102,6 +102,7 @@ class OfferBook:
             cols["gpu_count"][i] = o.gpu_count
             cols["gpu_mem"][i] = o.gpu_memory_gb or (spec.memory_gb if spec else 0.0)
             cols["price"][i] = o.usd_per_hour
+            cols["price_per_gpu"][i] = o.usd_per_hour / max(o.gpu_count, 1)
             cols["divisible"][i] = o.divisible
             cols["interruptible"][i] = o.interruptible
             cols["max_nodes"][i] = o.max_nodes

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from broker.models import COLOCATE_RANK, Colocate, FabricNeed, JobSpec, Market, Offer
+from broker.models import COLOCATE_RANK, FabricNeed, JobSpec, Market, Offer
 from policies.book import FABRICS, MARKETS, OfferBook
 
 
@@ -61,62 +61,82 @@ def _fabric_ok(need: FabricNeed) -> np.ndarray:
     return np.array([need.accepts(f) for f in FABRICS], dtype=bool)
 
 
-def job_node_price(book: OfferBook, spec: JobSpec) -> np.ndarray:
+def _lookup(size: int, allowed: np.ndarray) -> np.ndarray:
+    """A boolean table indexed by code: faster than np.isin on every quote."""
+    table = np.zeros(max(size, 1), dtype=bool)
+    table[allowed] = True
+    return table
+
+
+def job_node_price(book: OfferBook, spec: JobSpec, idx: np.ndarray | None = None) -> np.ndarray:
     """Price per node-hour for this job: divisible (owned) nodes are paid per GPU taken."""
     assert spec.gpus_per_node is not None
-    per_gpu = book["price"] / np.maximum(book["gpu_count"], 1)
-    return np.where(book["divisible"], per_gpu * spec.gpus_per_node, book["price"])
+    if idx is None:
+        return np.where(book["divisible"], book["price_per_gpu"] * spec.gpus_per_node, book["price"])
+    return np.where(book["divisible"][idx], book["price_per_gpu"][idx] * spec.gpus_per_node, book["price"][idx])
 
 
-def reject_codes(book: OfferBook, spec: JobSpec, node_price: np.ndarray | None = None) -> np.ndarray:
-    """0 for feasible offers, else the code of the first broken constraint."""
+def _assign(codes: np.ndarray, fails: list[tuple[str, np.ndarray]]) -> None:
+    # Reverse order, so the first check in CHECKS order wins.
+    for code, mask in reversed(fails):
+        codes[mask] = CODE_OF[code]
+
+
+def reject_codes(book: OfferBook, spec: JobSpec) -> np.ndarray:
+    """0 for feasible offers, else the code of the first broken constraint.
+
+    Two stages: the cheap, selective checks (provider, market, region, health,
+    GPU model) run over the whole book; the rest only over the survivors.
+    """
     n = len(book)
     codes = np.zeros(n, dtype=np.int8)
     if n == 0:
         return codes
     nodes = spec.nodes
     assert spec.gpus_per_node is not None
-    if node_price is None:
-        node_price = job_node_price(book, spec)
 
     fails: list[tuple[str, np.ndarray]] = []
-    # provider
-    allowed = np.ones(n, dtype=bool)
-    if spec.providers:
-        allowed &= np.isin(book["provider"], book.providers.codes_of(spec.providers))
-    if spec.onprem_only or not spec.cloud_ok:
-        allowed &= book["market"] == MARKETS.index(Market.owned)
-    fails.append(("provider", ~allowed))
+    if spec.providers or spec.onprem_only or not spec.cloud_ok:
+        allowed = np.ones(n, dtype=bool)
+        if spec.providers:
+            allowed &= _lookup(len(book.providers.names), book.providers.codes_of(spec.providers))[book["provider"]]
+        if spec.onprem_only or not spec.cloud_ok:
+            allowed &= book["market"] == MARKETS.index(Market.owned)
+        fails.append(("provider", ~allowed))
     market_ok = np.zeros(len(MARKETS), dtype=bool)
     for m in spec.markets:
         market_ok[MARKETS.index(m)] = True
-    fails.append(("market", ~market_ok[book["market"]]))
+    if not market_ok.all():
+        fails.append(("market", ~market_ok[book["market"]]))
     if spec.regions:
-        fails.append(("region", ~np.isin(book["region"], book.regions.codes_of(spec.regions))))
+        fails.append(("region", ~_lookup(len(book.regions.names), book.regions.codes_of(spec.regions))[book["region"]]))
     fails.append(("unhealthy", book["unhealthy"]))
-    fails.append(("gpu_model", ~np.isin(book["gpu"], book.gpus.codes_of(spec.gpu))))
-    if spec.min_gpu_memory_gb:
-        fails.append(("gpu_memory", book["gpu_mem"] + 1e-9 < spec.min_gpu_memory_gb))
-    fails.append(("gpus_per_node", book["gpu_count"] < spec.gpus_per_node))
-    if nodes > 1:
-        fails.append(("nodes", book["max_nodes"] < nodes))
-        fails.append(("colocation", book["coloc"] > COLOCATE_RANK[spec.colocate]))
-    elif spec.colocate is Colocate.node:
-        pass  # one node is co-located by definition
-    if spec.fabric is not FabricNeed.any:
-        fails.append(("fabric", ~_fabric_ok(spec.fabric)[book["fabric"]]))
-    if spec.min_fabric_gbps and (nodes > 1 or spec.fabric is not FabricNeed.any):
-        fails.append(("fabric_bandwidth", book["fabric_gbps"] + 1e-9 < spec.min_fabric_gbps))
-    if spec.min_reliability:
-        fails.append(("reliability", book["reliability"] < spec.min_reliability))
-    if not spec.interruptible:
-        fails.append(("interruptible", book["interruptible"]))
-    if spec.max_usd_per_hour is not None:
-        fails.append(("price_cap", node_price * nodes > spec.max_usd_per_hour + 1e-9))
+    fails.append(("gpu_model", ~_lookup(len(book.gpus.names), book.gpus.codes_of(spec.gpu))[book["gpu"]]))
+    _assign(codes, fails)
 
-    # Apply in reverse so the first check in CHECKS order wins.
-    for code, mask in reversed(fails):
-        codes[mask] = CODE_OF[code]
+    cand = np.flatnonzero(codes == 0)
+    col = {name: book[name][cand] for name in ("gpu_mem", "gpu_count", "max_nodes", "coloc", "fabric",
+                                                 "fabric_gbps", "reliability", "interruptible")}
+    fails = []
+    if spec.min_gpu_memory_gb:
+        fails.append(("gpu_memory", col["gpu_mem"] + 1e-9 < spec.min_gpu_memory_gb))
+    fails.append(("gpus_per_node", col["gpu_count"] < spec.gpus_per_node))
+    if nodes > 1:
+        fails.append(("nodes", col["max_nodes"] < nodes))
+        fails.append(("colocation", col["coloc"] > COLOCATE_RANK[spec.colocate]))
+    if spec.fabric is not FabricNeed.any:
+        fails.append(("fabric", ~_fabric_ok(spec.fabric)[col["fabric"]]))
+    if spec.min_fabric_gbps and (nodes > 1 or spec.fabric is not FabricNeed.any):
+        fails.append(("fabric_bandwidth", col["fabric_gbps"] + 1e-9 < spec.min_fabric_gbps))
+    if spec.min_reliability:
+        fails.append(("reliability", col["reliability"] < spec.min_reliability))
+    if not spec.interruptible:
+        fails.append(("interruptible", col["interruptible"]))
+    if spec.max_usd_per_hour is not None:
+        fails.append(("price_cap", job_node_price(book, spec, cand) * nodes > spec.max_usd_per_hour + 1e-9))
+    sub = np.zeros(len(cand), dtype=np.int8)
+    _assign(sub, fails)
+    codes[cand] = sub
     return codes
 
 

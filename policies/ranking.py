@@ -62,8 +62,7 @@ def quote(
 ) -> Quote:
     """Rank ``book`` for ``spec``. ``max_rejected`` caps how many rejections are spelled out
     (all of them are counted in ``rejected_counts``)."""
-    node_price = job_node_price(book, spec)
-    codes = reject_codes(book, spec, node_price)
+    codes = reject_codes(book, spec)
     idx = np.flatnonzero(codes == 0)
     nodes, gpn = spec.nodes, spec.gpus_per_node
     assert gpn is not None
@@ -79,7 +78,7 @@ def quote(
     lost = preemption_overhead(run, book["preempt_rate"][idx], spec.checkpoint_minutes)
     lost = np.asarray(lost, dtype=float)
     billed_hours = run + lost
-    job_price = node_price[idx] * nodes
+    job_price = job_node_price(book, spec, idx) * nodes
     cost = job_price * billed_hours + egress_usd
     wall = billed_hours + book["queue"][idx]
 
@@ -97,7 +96,14 @@ def quote(
     comp, comm, xfer, lost = (np.broadcast_to(a, keep.shape)[keep] for a in (comp, comm, xfer, lost))
     egress_usd, job_price = egress_usd[keep], job_price[keep]
 
-    order = np.lexsort((wall, book["stale"][idx], np.round(cost, 2)))[:top]
+    if len(idx) > top:  # only the top few need a full sort
+        head = np.argpartition(cost, top - 1)[:top]
+        cutoff = cost[head].max()
+        head = np.flatnonzero(cost <= cutoff)  # keep ties at the cut so the order stays stable
+    else:
+        head = np.arange(len(idx))
+    sub = np.lexsort((wall[head], book["stale"][idx[head]], np.round(cost[head], 2)))
+    order = head[sub][:top]
     options = []
     for j in order:
         i = int(idx[j])
@@ -129,14 +135,14 @@ def quote(
     rejected_idx = np.flatnonzero(codes)
     counts: dict[str, int] = {}
     if len(rejected_idx):
-        values, freq = np.unique(codes[rejected_idx], return_counts=True)
-        counts = {CHECKS[int(v) - 1].code: int(f) for v, f in zip(values, freq, strict=True)}
+        freq = np.bincount(codes, minlength=len(CHECKS) + 1)
+        counts = {CHECKS[v - 1].code: int(freq[v]) for v in range(1, len(freq)) if freq[v]}
     shown = rejected_idx if max_rejected is None else rejected_idx[:max_rejected]
     rejected = []
     for i in shown:
         o = book.offers[int(i)]
         code, reason = describe(int(codes[i]), o, spec)
-        rejected.append(Rejection(provider=o.provider, sku=o.sku, region=o.locality.region,
+        rejected.append(Rejection.model_construct(provider=o.provider, sku=o.sku, region=o.locality.region,
                                   zone=o.locality.zone, offer_id=o.id, code=code, reason=reason))
     return Quote(job=spec, options=options, rejected=rejected, rejected_counts=counts,
                  offers_considered=len(book), at=now)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from pydantic import SecretStr
@@ -41,7 +42,8 @@ async def test_a_burst_of_429s_is_retried_and_bounded(vast_api, vast_config):
     assert len(vast_api.state.searches()) == 4 + vast_config.max_attempts
 
 
-async def test_a_revoked_key_fails_fast_without_showing_the_key(vast_api, vast_config):
+async def test_a_revoked_key_fails_fast_without_showing_the_key(vast_api, vast_config, caplog):
+    caplog.set_level(logging.DEBUG)
     vast_api.state.set_faults(Faults(unauthorized=True))
     async with VastProvider(vast_config) as vast:
         with pytest.raises(ProviderAuthError) as err:
@@ -49,6 +51,7 @@ async def test_a_revoked_key_fails_fast_without_showing_the_key(vast_api, vast_c
     assert len(vast_api.state.requests) == 1  # not retried
     assert VAST_TEST_KEY not in str(err.value) and VAST_TEST_KEY not in repr(err.value)
     assert VAST_TEST_KEY not in repr(vast_config) and VAST_TEST_KEY not in repr(vast)
+    assert caplog.records and VAST_TEST_KEY not in caplog.text
 
 
 async def test_a_wrong_key_is_refused(vast_api, vast_config):

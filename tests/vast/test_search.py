@@ -101,3 +101,14 @@ def test_price_anchors_are_the_catalog_medians(shared_data):
     medians = catalog_anchors(shared_data / "catalogs" / "vast_vms_v7.csv")
     for token, price in DEFAULT_ANCHORS.items():
         assert abs(medians[token] - price) < 0.005, token
+
+
+async def test_numbers_sent_as_strings_read_the_same(vast_api, vast_config):
+    query = OfferQuery(gpus=["L40S", "H100-PCIe"], disk_gb=80)
+    async with VastProvider(vast_config) as vast:
+        plain = await vast.offers(query)
+        vast_api.state.faults.numbers_as_strings = True
+        stringy = await vast.offers(query)
+    assert plain
+    strip = {"observed_at"}
+    assert [o.model_dump(exclude=strip) for o in stringy] == [o.model_dump(exclude=strip) for o in plain]

@@ -41,6 +41,8 @@ HOURS_PER_MONTH = 730.0
 DEFAULT_STORAGE_GIB = 5.0
 DEFAULT_SEARCH_LIMIT = 64
 QUERY_META = {"order", "type", "limit", "allocated_storage", "disable_bundling", "extra_ids", "show_incompatible"}
+STRINGY = {"num_gpus", "gpu_ram", "dph_total", "dph_base", "storage_total_cost", "storage_cost", "min_bid",
+           "inet_up", "inet_down", "reliability", "dlperf", "cpu_ram", "disk_space", "cpu_cores_effective"}
 OPERATORS = {"eq", "neq", "gt", "gte", "lt", "lte", "in", "notin"}
 # Query fields the CLI accepts (offers_fields in vastai 1.9.1) besides the offer's own keys.
 EXTRA_QUERY_FIELDS = {"dph_total", "dlperf_per_dphtotal", "flops_per_dphtotal", "storage_total_cost", "score",
@@ -56,6 +58,7 @@ class Faults:
     quota_exhausted: bool = False  # searches answer the daily-quota 429
     steal_next_create: int = 0  # the next N creates find their ask just rented by someone else
     lose_next_create: int = 0  # the next N creates rent the ask but answer 502 (the answer is lost)
+    numbers_as_strings: bool = False  # searches answer prices, counts and speeds as strings ("0.42")
     seed: int = 1
 
 
@@ -257,7 +260,10 @@ async def _search(request: web.Request) -> web.Response:
         rows = apply_order(rows, order)
     except (ValueError, TypeError, IndexError) as exc:
         return _error(400, "invalid_args", str(exc))
-    return web.json_response({"offers": rows[:limit]})
+    rows = rows[:limit]
+    if state.faults.numbers_as_strings:
+        rows = [{k: str(v) if k in STRINGY and v is not None else v for k, v in r.items()} for r in rows]
+    return web.json_response({"offers": rows})
 
 
 async def _create(request: web.Request) -> web.Response:

@@ -84,9 +84,10 @@ class ReservedProvider(Provider):
 
     async def _region_reservations(self, region: str, query: OfferQuery | None) -> list[Offer]:
         pools = {p.capacity_reservation_id: p for p in self.config.reserved_pools if p.capacity_reservation_id}
-        types = await self.aws.gpu_types(region)
+        reservations = await self.capacity_reservations(region)
+        types = await self.aws.gpu_types(region) if reservations else {}
         out = []
-        for cr in await self.capacity_reservations(region):
+        for cr in reservations:
             t = types.get(str(cr.get("InstanceType", "")))
             if cr.get("State") != "active" or int(cr.get("AvailableInstanceCount", 0)) < 1 or t is None:
                 continue

@@ -247,7 +247,7 @@ class VastProvider(Provider):
         try:
             payload = resp.json()
             if isinstance(payload, dict):
-                error = str(payload.get("error") or "")
+                error = str(payload.get("error") or "")[:64]
                 text = f"{error} {payload.get('msg') or ''}"
             else:
                 text = ""

@@ -14,6 +14,8 @@ Everything that differs between slurmrestd versions lives in
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import heapq
 import json
 import math
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from broker.config import SlurmConfig
 from broker.errors import BadRequestError, CapacityError, ProviderAuthError, TransientError
@@ -298,12 +300,14 @@ class SlurmProvider(Provider):
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
+            token = self._token()
+            check_token(token, time.time())
             self._client = httpx.AsyncClient(
                 base_url=self.config.url,
                 timeout=self.config.timeout_s,
                 headers={
                     "X-SLURM-USER-NAME": self.config.user,
-                    "X-SLURM-USER-TOKEN": self._token(),
+                    "X-SLURM-USER-TOKEN": token,
                     "Accept": "application/json",
                 },
             )
@@ -346,7 +350,7 @@ class SlurmProvider(Provider):
         return AsyncRetrying(
             retry=retry_if_exception_type(TransientError),
             stop=stop_after_attempt(max(1, self.config.max_attempts)),
-            wait=wait_exponential_jitter(initial=0.2, max=5.0),
+            wait=wait_random_exponential(multiplier=0.2, max=5.0),  # "full jitter" backoff
             reraise=True,
         )
 
@@ -618,9 +622,30 @@ class SlurmProvider(Provider):
 # --------------------------------------------------------------------------- errors
 
 
+def check_token(token: str, now: float) -> None:
+    """Refuse a token that is not a JWT or has expired, before sending it.
+
+    slurmrestd passes the token through to slurmctld, which answers a bad one
+    with a bare "Unspecified error" (HTTP 500): without this check a stale
+    token would look like a struggling daemon and be retried.
+    """
+    parts = token.split(".")
+    if len(parts) != 3:
+        raise ProviderAuthError(PROVIDER, "token is not a JWT (make one with `scontrol token`)")
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (ValueError, binascii.Error):
+        raise ProviderAuthError(PROVIDER, "token is not a JWT (make one with `scontrol token`)") from None
+    exp = payload.get("exp") if isinstance(payload, dict) else None
+    if isinstance(exp, int | float) and exp < now:
+        raise ProviderAuthError(PROVIDER, f"token expired {int(now - exp)} s ago (make one with `scontrol token`)")
+
+
+
 def raise_for(status: int, errors: list[tuple[int | None, str]], what: str) -> None:
     """Map an HTTP status and Slurm's error list to the project's errors; always raises."""
-    codes = [c for c, _ in errors if c is not None]
+    # -1 is SLURM_ERROR, "Unspecified error": it says nothing about the request, so it counts as no code.
+    codes = [c for c, _ in errors if c is not None and c > 0]
     texts = "; ".join(t for _, t in errors if t)
     detail = f"{what}: HTTP {status}" + (f": {texts}" if texts else "")
     code = str(codes[0]) if codes else str(status)

@@ -458,7 +458,8 @@ def submit_body(version: str, req: SubmitRequest) -> dict[str, Any]:
         job.update(
             {
                 "gres": f"gpu:{gres_type}{req.gpus_per_node}",  # tres_per_node is an unknown key here
-                "nodes": [req.nodes, req.nodes],
+                # A count string means min = max here; the [min, max] array the spec shows is read as min only.
+                "nodes": str(req.nodes),
                 "time_limit": int(req.time_limit_min),
                 "environment": env,
             }

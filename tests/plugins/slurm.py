@@ -16,7 +16,7 @@ import shlex
 import subprocess
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -33,8 +33,8 @@ ENV_FILE = ROOT / "deploy" / "slurm" / ".state" / "env"
 class SlurmCluster:
     url: str
     user: str
-    token: str
-    conf: str
+    token: str = field(repr=False)  # a secret: never in failure output
+    conf: str = ""
 
     def env(self) -> dict[str, str]:
         # SLURM_CONF always: without it the tools look the controller up in DNS, off loopback.

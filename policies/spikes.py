@@ -21,6 +21,7 @@ the events. :func:`detect_spikes` runs one over a whole series.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import deque
@@ -140,5 +141,5 @@ def volatility_per_hour(series: Sequence[tuple[datetime, float]]) -> float:
     hours = (pts[-1][0] - pts[0][0]).total_seconds() / 3600.0
     if hours <= 0:
         return 0.0
-    sq = sum(math.log(b / a) ** 2 for (_, a), (_, b) in zip(pts, pts[1:], strict=False))
+    sq = sum(math.log(b / a) ** 2 for (_, a), (_, b) in itertools.pairwise(pts))
     return math.sqrt(sq / hours)

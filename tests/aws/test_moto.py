@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker.config import AwsConfig
-from broker.errors import CapacityError
+from broker.errors import CapacityError, ProviderAuthError
 from broker.models import AllocationState, Colocate, Fabric, IntraNode, Market
 from providers.aws import AwsProvider
 from providers.aws_requests import ATTEMPT_TAG, CLIENT_TOKEN_TAG, PROVIDER_TAG
@@ -140,3 +140,31 @@ async def test_out_of_band_spot_termination_is_a_preemption(aws: AwsProvider) ->
     status = await aws.poll(alloc)
     assert status.state is AllocationState.preempted
     assert alloc.resource_ids[0] in status.reason
+
+
+async def test_throttled_launch_is_retried_once_and_buys_once(
+    aws_faults: FaultProxy, aws_proxy_config: AwsConfig
+) -> None:
+    async with AwsProvider(aws_proxy_config, installation=INSTALLATION) as aws:
+        offers = await aws.offers(OfferQuery(gpus=["H100-SXM"], markets=[Market.spot]))
+        aws_faults.fail("RunInstances", "RequestLimitExceeded", times=1)
+        alloc = await aws.launch(launch_request(pick(offers, "p5.48xlarge", Market.spot), 2))
+        assert alloc.nodes == 2
+        assert len(aws_faults.actions("RunInstances")) == 2  # throttled, then retried
+
+
+async def test_a_failing_region_leaves_the_others_standing(
+    aws_faults: FaultProxy, aws_proxy_config: AwsConfig
+) -> None:
+    config = aws_proxy_config.model_copy(update={"regions": ["us-east-1", "us-west-2"], "max_attempts": 1})
+    aws_faults.fail("DescribeInstanceTypes", "Unavailable", region="us-west-2")
+    async with AwsProvider(config, installation=INSTALLATION) as aws:
+        offers = await aws.offers(OfferQuery(gpus=["A100-SXM-40GB"], markets=[Market.spot]))
+        assert offers and {o.region for o in offers} == {"us-east-1"}
+        assert aws.region_health["us-east-1"].ok
+        bad = aws.region_health["us-west-2"]
+        assert not bad.ok and bad.code == "Unavailable"
+        # Every region down: the caller hears it (the market marks AWS stale).
+        aws_faults.fail("DescribeInstanceTypeOfferings", "AuthFailure", region="us-east-1")
+        with pytest.raises(ProviderAuthError):
+            await aws.offers(OfferQuery(gpus=["H100-SXM"], regions=["us-east-1"]))

@@ -6,16 +6,19 @@
 - ``aws_config`` (function): an AwsConfig pointing at moto (us-east-1 only, placement groups off:
   moto does not emulate them; see docs/aws.md).
 - ``aws_faults`` (function): a :class:`FaultProxy` (aiohttp on 127.0.0.1, its own thread and loop)
-  forwarding to moto; ``fail(action, code, zone=None, times=None)`` makes it answer that EC2 Action
-  (optionally only for requests whose Placement.AvailabilityZone is ``zone``) with a real EC2 XML
-  error; ``clear()`` drops the rules; ``calls`` lists (action, zone) of every request seen.
+  forwarding to moto; ``fail(action, code, zone=None, times=None, region=None)`` makes it answer that
+  EC2 Action (optionally only for requests whose Placement.AvailabilityZone is ``zone``, or signed
+  for ``region``; optionally only ``times`` times) with a real EC2 XML error; ``clear()`` drops the
+  rules; ``calls`` lists (action, zone, region) of every request seen, ``actions(name)`` the zones.
 - ``aws_proxy_config`` (function): an AwsConfig going through the proxy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import re
 import threading
 import urllib.request
 import uuid
@@ -63,6 +66,7 @@ def moto_server() -> Iterator[str]:
         mp.setenv(key, value)
     for key in _UNSET_ENV:
         mp.delenv(key, raising=False)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -113,12 +117,27 @@ class FaultRule:
     action: str
     code: str
     zone: str | None = None
+    region: str | None = None
     times: int | None = None  # None: every time
     status: int = 400
     message: str = ""
 
-    def matches(self, action: str, zone: str | None) -> bool:
-        return self.action == action and (self.zone is None or self.zone == zone) and self.times != 0
+    def matches(self, action: str, zone: str | None, region: str | None) -> bool:
+        return (
+            self.action == action
+            and (self.zone is None or self.zone == zone)
+            and (self.region is None or self.region == region)
+            and self.times != 0
+        )
+
+
+_SCOPE_RE = re.compile(r"Credential=[^/,]+/\d{8}/([a-z0-9-]+)/")
+
+
+def signed_region(authorization: str) -> str | None:
+    """The region of a SigV4 credential scope (the only part of the header this proxy reads)."""
+    m = _SCOPE_RE.search(authorization)
+    return m.group(1) if m else None
 
 
 def ec2_error_xml(code: str, message: str) -> bytes:
@@ -137,7 +156,7 @@ class FaultProxy:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.url = ""
-        self.calls: list[tuple[str, str | None]] = []
+        self.calls: list[tuple[str, str | None, str | None]] = []  # (action, zone, region)
         self._rules: list[FaultRule] = []
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -149,13 +168,25 @@ class FaultProxy:
     # -- control (any thread)
 
     def fail(
-        self, action: str, code: str, zone: str | None = None, times: int | None = None, message: str = ""
+        self,
+        action: str,
+        code: str,
+        zone: str | None = None,
+        times: int | None = None,
+        *,
+        region: str | None = None,
+        message: str = "",
     ) -> FaultRule:
-        """Answer ``action`` (e.g. 'RunInstances') with EC2 error ``code``, only in ``zone`` if given."""
+        """Answer ``action`` (e.g. 'RunInstances') with EC2 error ``code``.
+
+        Only for requests placed in ``zone`` (Placement.AvailabilityZone) or signed for ``region``
+        when given; only the next ``times`` matching requests when given.
+        """
         rule = FaultRule(
             action=action,
             code=code,
             zone=zone,
+            region=region,
             times=times,
             status=_SERVER_CODES.get(code, 400),
             message=message or f"injected {code} by the test proxy",
@@ -172,7 +203,7 @@ class FaultProxy:
     def actions(self, action: str) -> list[str | None]:
         """Zones of the ``action`` requests seen (None where the request named no zone)."""
         with self._lock:
-            return [z for a, z in self.calls if a == action]
+            return [z for a, z, _r in self.calls if a == action]
 
     # -- server (its own thread and loop, independent of the tests' loop)
 
@@ -212,11 +243,11 @@ class FaultProxy:
         if self._session:
             await self._session.close()
 
-    def _match(self, action: str, zone: str | None) -> FaultRule | None:
+    def _match(self, action: str, zone: str | None, region: str | None) -> FaultRule | None:
         with self._lock:
-            self.calls.append((action, zone))
+            self.calls.append((action, zone, region))
             for rule in self._rules:
-                if rule.matches(action, zone):
+                if rule.matches(action, zone, region):
                     if rule.times is not None:
                         rule.times -= 1
                     return rule
@@ -228,7 +259,8 @@ class FaultProxy:
         form.update({k: [v] for k, v in request.query.items()})
         action = (form.get("Action") or [""])[0]
         zone = (form.get("Placement.AvailabilityZone") or [None])[0]
-        rule = self._match(action, zone) if action else None
+        region = signed_region(request.headers.get("Authorization", ""))
+        rule = self._match(action, zone, region) if action else None
         if rule is not None:
             return web.Response(
                 status=rule.status, body=ec2_error_xml(rule.code, rule.message), content_type="text/xml"

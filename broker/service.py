@@ -189,3 +189,19 @@ class Lockstep:
                             limit: int | None = None) -> list[PricePoint]:
         return await self.db(self.store.price_history, gpu=gpu, sku=sku, provider=provider, market=market,
                              zone=zone, region=region, since=since, until=until, limit=limit)
+
+    # ------------------------------------------------------------------ API additions (issue 7)
+    async def submit_job(self, spec: JobSpec, *, tenant: str = "default",
+                         idempotency_key: str | None = None) -> tuple[Job, bool]:
+        """Like :meth:`submit`, and says whether the job is new (False: an idempotent repeat).
+
+        The API answers 201 for a new job and 200 for a repeat, so it needs the flag
+        that ``submit`` drops.
+        """
+        now = self.clock()
+        job = Job(id=new_job_id(), tenant=tenant, spec=spec, deadline=spec.deadline_at(now), created_at=now,
+                  updated_at=now)
+        job, created = await self.db(self.store.create_job, job, idempotency_key)
+        if created:
+            self.job_submitted.set()
+        return job, created

@@ -95,10 +95,10 @@ def _tags(instance: dict[str, Any]) -> dict[str, str]:
 def _on_demand_lookup() -> OnDemandPrice | None:
     """The bundled catalog's price function, imported lazily (it ships separately)."""
     try:
-        from providers.catalog import aws_on_demand_price  # type: ignore[attr-defined]
+        from providers.catalog import aws_on_demand_price
     except ImportError:
         return None
-    return aws_on_demand_price  # type: ignore[no-any-return]
+    return aws_on_demand_price
 
 
 def query_accepts(t: GpuType, query: OfferQuery | None) -> bool:

@@ -40,6 +40,12 @@ async def test_offers_list_p4d_and_p5_with_efa(aws_moto: str) -> None:
     p5_single = pick(offers, "p5.4xlarge", Market.spot)
     assert p5_single.gpu_count == 1 and p5_single.network.intra is IntraNode.pcie
     assert {o.gpu for o in offers} <= {"A100-SXM-40GB", "H100-SXM", "H200"}
+    # On-demand prices come from the bundled catalog; a type it does not price (p5e) has no on-demand offer.
+    from providers.catalog import aws_on_demand_price
+
+    od = pick(offers, "p5.48xlarge", Market.on_demand, p5.zone)
+    assert od.usd_per_hour == aws_on_demand_price("p5.48xlarge", "us-east-1") and not od.interruptible
+    assert not [o for o in offers if o.sku == "p5e.48xlarge" and o.market is Market.on_demand]
     # One offer per (type, zone, market): no duplicates.
     assert len({o.id for o in offers}) == len(offers)
 

@@ -1,0 +1,355 @@
+"""`lockstep prices …`: price history (table, terminal chart, PNG), spike alerts, tracking, replay.
+
+Thin: parse options, call the store / tracker / replay, render.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from broker.cli import render
+from broker.cli.app import get_ctx
+from broker.errors import SpecError
+from broker.models import PricePoint, parse_duration, utcnow
+from broker.price_replay import load_records, replay
+from policies.spikes import Spike, detect_spikes
+
+app = typer.Typer(no_args_is_help=True, help="Spot price tracking: history, alerts, replay.")
+
+CHART_SERIES = 8  # lines in one chart; more becomes unreadable
+SPIKE_STATS = ("price", "median")
+
+SeriesId = tuple[str, str, str, str, str, str]
+
+
+def parse_since(text: str, now: datetime) -> datetime:
+    """'7d', '36h', '90m' back from now, or an ISO date/time; SpecError('since', …) otherwise."""
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        at = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise SpecError("since", f"not a duration or a date: {text!r} (use e.g. 90m, 36h, 7d or 2026-01-31)")\
+            from None
+    at = at.replace(tzinfo=UTC) if at.tzinfo is None else at
+    if at > now:
+        raise SpecError("since", f"{text!r} is in the future")
+    return at
+
+
+def _open_store(ctx: typer.Context) -> Any:
+    from broker.store import open_store
+
+    return open_store(get_ctx(ctx).settings.db_url)
+
+
+def _utc(at: datetime) -> datetime:
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+
+def group_series(points: list[PricePoint]) -> dict[SeriesId, list[PricePoint]]:
+    out: dict[SeriesId, list[PricePoint]] = {}
+    for p in points:
+        key = (p.provider, str(p.market.value if hasattr(p.market, "value") else p.market), p.sku, p.region,
+               p.zone, p.stat)
+        out.setdefault(key, []).append(p)
+    return out
+
+
+def series_label(key: SeriesId) -> str:
+    provider, market, sku, region, zone, stat = key
+    where = zone or region
+    return f"{provider} {market} {sku}" + (f" {where}" if where else "") + ("" if stat == "price" else f" [{stat}]")
+
+
+def _spikes_of(key: SeriesId, pts: list[PricePoint], multiple: float, clear: float, window: int) -> list[Spike]:
+    if key[5] not in SPIKE_STATS:
+        return []
+    return detect_spikes([(_utc(p.at), p.usd_per_hour) for p in pts], multiple, clear, window)
+
+
+def _steps(pts: list[PricePoint], until: datetime) -> tuple[list[datetime], list[float]]:
+    """Change-only points as a step line: each price holds until the next point (the last until ``until``)."""
+    xs: list[datetime] = []
+    ys: list[float] = []
+    for i, p in enumerate(pts):
+        at = _utc(p.at)
+        nxt = _utc(pts[i + 1].at) if i + 1 < len(pts) else max(until, at)
+        xs += [at, nxt]
+        ys += [p.usd_per_hour, p.usd_per_hour]
+    return xs, ys
+
+
+def _chart_keys(groups: dict[SeriesId, list[PricePoint]]) -> list[SeriesId]:
+    # The cheapest series first: what a person shopping for the GPU looks at.
+    return sorted(groups, key=lambda k: (groups[k][-1].usd_per_hour, series_label(k)))[:CHART_SERIES]
+
+
+def terminal_chart(groups: dict[SeriesId, list[PricePoint]], now: datetime, width: int) -> str:
+    import plotext as plt
+
+    fig = plt.figure
+    fig.clear()
+    plt.terminal.limit(False, False)
+    fig.plot_size(max(60, min(width, 160)), 20)
+    fig.date("x").activate(form="%m-%d %H:%M")
+    for key in _chart_keys(groups):
+        xs, ys = _steps(groups[key], now)
+        s = fig.signal([x.replace(tzinfo=None) for x in xs], ys)
+        s.lines()
+        s.label(series_label(key))
+        fig.draw(s)
+    fig.title("USD per hour (UTC)")
+    return str(fig.build().string(colorless=True))
+
+
+def write_png(path: str, groups: dict[SeriesId, list[PricePoint]], spikes: dict[SeriesId, list[Spike]],
+              now: datetime, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)
+    try:
+        for key in _chart_keys(groups):
+            pts = groups[key]
+            xs, ys = _steps(pts, now)
+            (line,) = ax.plot(xs, ys, linewidth=1.6, label=series_label(key))
+            for sp in spikes.get(key, []):
+                ax.axvspan(sp.start, sp.end or now, color="red", alpha=0.12, linewidth=0)
+                ax.plot([sp.start], [sp.peak], marker="^", color="red", markersize=8)
+                ax.annotate(f"{sp.ratio:.1f}×", (sp.start, sp.peak), textcoords="offset points", xytext=(4, 6),
+                            color="red", fontsize=8)
+            ax.plot([xs[-1]], [ys[-1]], marker="o", color=line.get_color(), markersize=3)
+        ax.set_title(title)
+        ax.set_ylabel("USD per hour")
+        ax.set_xlabel("time (UTC)")
+        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(mdates.AutoDateLocator()))
+        ax.grid(True, alpha=0.3)
+        ax.set_ylim(bottom=0)
+        if groups:
+            ax.legend(loc="upper left", fontsize=8, framealpha=0.85)
+        fig.tight_layout()
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+
+
+@app.command()
+def history(
+    ctx: typer.Context,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="GPU model or family, e.g. H100.")] = None,
+    since: Annotated[str, typer.Option("--since", help="How far back: 90m, 36h, 7d, or a date.")] = "7d",
+    zone: Annotated[str | None, typer.Option("--zone", help="Only this zone.")] = None,
+    provider: Annotated[str | None, typer.Option("--provider", help="Only this provider.")] = None,
+    stat: Annotated[str | None, typer.Option("--stat", help="price, min, p10, median or utilisation "
+                                                            "(default: price and median).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the points as JSON.")] = False,
+    png: Annotated[str | None, typer.Option("--png", help="Also write a chart to this PNG file.")] = None,
+) -> None:
+    """Stored price history: a chart and a table per series (or JSON)."""
+    now = utcnow()
+    start = parse_since(since, now)
+    settings = get_ctx(ctx).settings
+    store = _open_store(ctx)
+    try:
+        points = store.price_history(gpu=gpu, provider=provider, zone=zone, since=start, stat=stat)
+    finally:
+        store.close()
+    if stat is None:
+        points = [p for p in points if p.stat in SPIKE_STATS]
+    groups = group_series(points)
+    t = settings.tracker
+    spikes = {k: _spikes_of(k, pts, t.spike_multiple, t.clear_multiple, t.window) for k, pts in groups.items()}
+    if png:
+        write_png(png, groups, spikes, now, f"{gpu or 'all GPUs'}: price since {start:%Y-%m-%d %H:%M} UTC")
+    if json_out:
+        render.print_json(points)
+        return
+    if not groups:
+        render.console.print(f"no price points since {start:%Y-%m-%d %H:%M} UTC"
+                             + (f" for {gpu}" if gpu else "") + " (run `lockstep prices track --once` first)")
+        return
+    try:
+        render.console.print(terminal_chart(groups, now, render.console.width or 100), markup=False,
+                             highlight=False)
+    except Exception as exc:  # a chart is a nicety: the table below still answers
+        logging.getLogger(__name__).debug("terminal chart failed: %s", exc)
+    table = Table(title=f"Prices since {start:%Y-%m-%d %H:%M} UTC")
+    for col in ("series", "gpu", "points", "first", "last", "min", "max", "spikes"):
+        table.add_column(col, justify="right" if col not in ("series", "gpu") else "left")
+    for key in sorted(groups, key=series_label):
+        pts = groups[key]
+        prices = [p.usd_per_hour for p in pts]
+        table.add_row(series_label(key), pts[-1].gpu, str(len(pts)), f"{prices[0]:.4f}", f"{prices[-1]:.4f}",
+                      f"{min(prices):.4f}", f"{max(prices):.4f}", str(len(spikes[key])) if spikes[key] else "")
+    render.console.print(table)
+    if png:
+        render.console.print(f"chart written to {png}")
+
+
+def _alert_row(a: dict[str, Any]) -> dict[str, Any]:
+    s = a.get("series") or {}
+    base = float(a["baseline"])
+    return {
+        "id": a["id"],
+        "series": s,
+        "start": _utc(a["start"]).isoformat(),
+        "end": _utc(a["end"]).isoformat() if a.get("end") else None,
+        "peak": float(a["peak"]),
+        "baseline": base,
+        "ratio": round(float(a["peak"]) / base, 4) if base > 0 else None,
+    }
+
+
+@app.command()
+def alerts(
+    ctx: typer.Context,
+    open_only: Annotated[bool, typer.Option("--open", help="Only spikes still open.")] = False,
+    since: Annotated[str | None, typer.Option("--since", help="Only alerts active since: 7d, 36h, a date.")]
+    = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print alerts as JSON.")] = False,
+) -> None:
+    """Price spikes the tracker flagged, newest first."""
+    start = parse_since(since, utcnow()) if since else None
+    store = _open_store(ctx)
+    try:
+        rows = [_alert_row(a) for a in store.alerts(open_only=open_only, since=start)]
+    finally:
+        store.close()
+    if json_out:
+        render.print_json(rows)
+        return
+    if not rows:
+        render.console.print("no spike alerts" + (" open" if open_only else ""))
+        return
+    table = Table(title="Price spikes")
+    for col in ("id", "series", "start", "end", "peak", "baseline", "ratio"):
+        table.add_column(col, justify="right" if col in ("id", "peak", "baseline", "ratio") else "left")
+    for r in rows:
+        s = r["series"]
+        label = series_label((s.get("provider", ""), s.get("market", ""), s.get("sku", ""), s.get("region", ""),
+                              s.get("zone", ""), s.get("stat", "price")))
+        table.add_row(str(r["id"]), label, r["start"][:16], (r["end"] or "open")[:16], f"{r['peak']:.4f}",
+                      f"{r['baseline']:.4f}", f"{r['ratio']:.2f}×" if r["ratio"] else "")
+    render.console.print(table)
+
+
+@app.command()
+def track(
+    ctx: typer.Context,
+    once: Annotated[bool, typer.Option("--once", help="One run, then exit (for cron or a CronJob).")] = False,
+    provider: Annotated[list[str] | None, typer.Option("--provider", help="Only these providers.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the run report as JSON.")] = False,
+) -> None:
+    """Poll the markets and store their prices (once, or every tracker.interval_s until interrupted).
+
+    Exit code 1 when every market failed in a --once run.
+    """
+    from broker.registry import build_providers
+    from broker.tracker import Tracker
+
+    settings = get_ctx(ctx).settings
+    logging.getLogger("broker.tracker").setLevel(logging.INFO)
+    store = _open_store(ctx)
+    providers = build_providers(settings, only=provider)
+    tracker = Tracker(settings, store, providers)
+
+    async def run() -> Any:
+        try:
+            if once:
+                return await tracker.run_once()
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            await tracker.run_forever(stop)
+            return None
+        finally:
+            await asyncio.gather(*(p.aclose() for p in providers.values()), return_exceptions=True)
+
+    try:
+        report = asyncio.run(run())
+    finally:
+        store.close()
+    if report is None:
+        return
+    if json_out:
+        render.print_json(report.model_dump(mode="json") | {"seen": report.seen, "stored": report.stored})
+    else:
+        _report_table(report)
+    tried = list(report.sources.values())
+    if report.leader and tried and all(s.errors and not s.seen for s in tried):
+        raise typer.Exit(1)
+
+
+def _report_table(report: Any) -> None:
+    if not report.leader:
+        render.console.print("another tracker holds the lock (a `lockstep serve` replica?): nothing polled")
+        return
+    table = Table(title=f"Tracker run at {report.at:%Y-%m-%d %H:%M:%S} UTC")
+    for col in ("source", "seen", "stored", "errors"):
+        table.add_column(col, justify="right" if col in ("seen", "stored") else "left")
+    for name, s in sorted(report.sources.items()):
+        table.add_row(name, str(s.seen), str(s.stored), "; ".join(s.errors))
+    render.console.print(table)
+    render.console.print(
+        f"spikes opened {report.spikes_opened}, closed {report.spikes_closed}; pruned {report.pruned}, "
+        f"compacted {report.compacted}" + (f"; webhook failures {report.webhook_failures}"
+                                           if report.webhook_failures else "")
+    )
+
+
+@app.command("replay")
+def replay_cmd(
+    ctx: typer.Context,
+    file: Annotated[str, typer.Argument(help="DescribeSpotPriceHistory JSON, or a TSV of "
+                                             "AZ, type, product, price, time.")],
+    multiple: Annotated[float | None, typer.Option("--multiple", help="Spike threshold (default: "
+                                                                      "tracker.spike_multiple).")] = None,
+    clear: Annotated[float | None, typer.Option("--clear", help="Clear threshold (default: "
+                                                                "tracker.clear_multiple).")] = None,
+    window: Annotated[int | None, typer.Option("--window", min=1, help="Baseline points (default: "
+                                                                       "tracker.window).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the spikes as a JSON list.")] = False,
+) -> None:
+    """Replay recorded spot prices through the spike rule and print the spikes it flags."""
+    t = get_ctx(ctx).settings.tracker
+    m = multiple if multiple is not None else t.spike_multiple
+    c = clear if clear is not None else min(t.clear_multiple, m)
+    if m <= 1.0:
+        raise SpecError("multiple", "must be above 1")
+    if not 0 < c <= m:
+        raise SpecError("clear", "must be above 0 and at most the multiple")
+    records = load_records(file)
+    spikes = replay(records, m, c, window or t.window)
+    if json_out:
+        render.print_json(spikes)
+        return
+    series = {(r.zone, r.sku, r.product) for r in records}
+    render.console.print(f"{len(records)} records, {len(series)} series; rule: price > {m:g}× trailing median "
+                         f"of {window or t.window} points, clears below {c:g}×")
+    if not spikes:
+        render.console.print("no spikes flagged")
+        return
+    table = Table(title="Spikes")
+    for col in ("zone", "type", "product", "start", "end", "peak", "baseline", "ratio"):
+        table.add_column(col, justify="right" if col in ("peak", "baseline", "ratio") else "left")
+    for s in spikes:
+        table.add_row(s["series"]["zone"], s["series"]["sku"], s["series"]["product"], s["start"][:19],
+                      (s["end"] or "open")[:19], f"{s['peak']:.4f}", f"{s['baseline']:.4f}", f"{s['ratio']:.2f}×")
+    render.console.print(table)
+
+
+__all__ = ["app", "parse_since"]

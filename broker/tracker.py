@@ -1,0 +1,402 @@
+"""The price tracker: poll markets, keep their price history, flag spikes.
+
+One run (:meth:`Tracker.run_once`) does, in order:
+
+1. collect price points from every configured market:
+   - ``aws``: spot price history since the newest stored point of each region
+     (:mod:`providers.aws_prices`), so nothing is fetched twice and nothing is missed;
+   - marketplaces (``vast``): per-GPU-model summaries of the offers (min, p10, median, count);
+   - owned and reserved capacity (``slurm``, ``reserved``): their rates;
+   - the on-prem pool (``slurm``): GPU utilisation per model (see :mod:`broker.price_summaries`);
+   the bundled ``catalog`` is a static snapshot and is skipped;
+2. store them (the store keeps change-only, deduplicated history);
+3. run the spike rule (:mod:`policies.spikes`) over each series that got new
+   points, resuming from the stored history and the open alert; open and close
+   alerts in the store, log them, and POST them to ``tracker.webhook_url``;
+4. housekeeping, at most hourly: prune points older than ``retention_days``,
+   compact points older than ``compact_after_days`` to one per hour per series.
+
+Only one tracker polls at a time: a run holds ``store.leader_lock("lockstep-tracker")``
+(a PostgreSQL advisory lock; always granted on SQLite). :meth:`run_forever`
+keeps the lock while it leads, so several ``lockstep serve`` replicas poll once
+between them, and a ``lockstep prices track --once`` started meanwhile skips.
+A failing market, region or webhook is reported and logged; it never stops the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, Field
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential, wait_random
+
+from broker.config import AwsConfig, Settings
+from broker.errors import ProviderError, TransientError
+from broker.models import Market, PricePoint, utcnow
+from broker.price_summaries import market_summaries, rate_points, utilisation_points
+from broker.store import Store
+from policies.spikes import Spike, SpikeDetector
+from providers.base import Provider
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = "lockstep-tracker"
+SKIPPED_PROVIDERS = frozenset({"catalog"})  # a static snapshot: no history to track
+SPIKE_STATS = frozenset({"price", "median"})  # min/p10 of a marketplace jump when one cheap host leaves
+SPIKE_MARKETS = frozenset({Market.spot.value, Market.on_demand.value})  # owned/reserved rates are config
+HOUSEKEEPING_EVERY = timedelta(hours=1)
+SERIES_FIELDS: tuple[str, ...] = ("provider", "market", "sku", "region", "zone", "stat")
+
+SeriesKey = tuple[str, str, str, str, str, str]
+
+
+class SourceReport(BaseModel):
+    seen: int = 0  # points collected from the market this run
+    stored: int = 0  # of those, new to the history (the rest repeated a stored point or price)
+    errors: list[str] = Field(default_factory=list)
+
+
+class TrackReport(BaseModel):
+    at: datetime
+    leader: bool = True  # False: another tracker holds the lock; nothing was polled
+    sources: dict[str, SourceReport] = Field(default_factory=dict)
+    spikes_opened: int = 0
+    spikes_closed: int = 0
+    webhook_failures: int = 0
+    pruned: int = 0
+    compacted: int = 0
+    errors: list[str] = Field(default_factory=list)
+
+    @property
+    def seen(self) -> int:
+        return sum(s.seen for s in self.sources.values())
+
+    @property
+    def stored(self) -> int:
+        return sum(s.stored for s in self.sources.values())
+
+
+def series_key(p: PricePoint) -> SeriesKey:
+    return (p.provider, Market(p.market).value, p.sku, p.region, p.zone, p.stat)
+
+
+def series_dict(key: SeriesKey, gpu: str = "") -> dict[str, str]:
+    return {**dict(zip(SERIES_FIELDS, key, strict=True)), "gpu": gpu}
+
+
+def _alert_key(alert: dict[str, Any]) -> SeriesKey:
+    s = alert.get("series") or {}
+    return tuple(str(s.get(f, "")) for f in SERIES_FIELDS)  # type: ignore[return-value]
+
+
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Tracker:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        providers: dict[str, Provider],
+        clock: Callable[[], datetime] = utcnow,
+        *,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.settings = settings
+        self.cfg = settings.tracker
+        self.store = store
+        self.providers = providers
+        self.clock = clock
+        self._http = http
+        self._last_housekeeping: datetime | None = None
+        self.runs = 0  # polls done by this tracker
+        self.polled = asyncio.Event()  # set after each poll (lets a supervisor or a test wait for one)
+        self.leading = False
+
+    # ------------------------------------------------------------------ entry points
+
+    async def run_once(self) -> TrackReport:
+        """One poll, if no other tracker holds the leader lock (then ``leader=False`` and nothing is done)."""
+        cm = self.store.leader_lock(LOCK_NAME)
+        got = await asyncio.to_thread(cm.__enter__)
+        try:
+            if not got:
+                log.info("tracker: another tracker holds the lock; skipping this run")
+                return TrackReport(at=self.clock(), leader=False)
+            return await self.poll()
+        finally:
+            await asyncio.to_thread(cm.__exit__, None, None, None)
+
+    async def run_forever(self, stop: asyncio.Event) -> None:
+        """Poll every ``tracker.interval_s`` while leader; otherwise retry for the lock each interval."""
+        while not stop.is_set():
+            cm = self.store.leader_lock(LOCK_NAME)
+            try:
+                got = await asyncio.to_thread(cm.__enter__)
+            except Exception as exc:  # the database is away: try again next interval
+                log.warning("tracker: cannot take the leader lock (%s)", type(exc).__name__)
+                got, cm = False, None
+            try:
+                self.leading = bool(got)
+                while got and not stop.is_set():
+                    try:
+                        await self.poll()
+                    except Exception:  # a bug or a dead database must not end the loop
+                        log.exception("tracker: run failed")
+                    if await self._wait(stop):
+                        break
+            finally:
+                self.leading = False
+                if cm is not None:
+                    await asyncio.to_thread(cm.__exit__, None, None, None)
+            if not got:
+                await self._wait(stop)
+
+    async def _wait(self, stop: asyncio.Event) -> bool:
+        """Sleep one interval or until ``stop``; True when stopped."""
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=self.cfg.interval_s)
+            return True
+        except TimeoutError:
+            return False
+
+    # ------------------------------------------------------------------ one poll
+
+    async def poll(self) -> TrackReport:
+        """Collect, store, detect, housekeep. Callers hold the leader lock."""
+        now = self.clock()
+        report = TrackReport(at=now)
+        collected = await self._collect(now, report)
+        points = [p for pts in collected.values() for p in pts]
+        horizon = now - timedelta(days=self.cfg.retention_days)
+        keys = sorted({series_key(p) for p in points})
+        before = await asyncio.to_thread(self._latest, keys)
+        for source, pts in collected.items():
+            # Points older than the retention horizon would be pruned at once: never store them.
+            keep = [p for p in pts if _utc(p.at) >= horizon]
+            src = report.sources.setdefault(source, SourceReport())
+            try:
+                src.stored = await asyncio.to_thread(self.store.add_price_points, keep)
+            except Exception as exc:
+                self._error(report, source, f"store: {type(exc).__name__}")
+        gpus = {series_key(p): p.gpu for p in points}
+        await self._detect(keys, before, gpus, now, report)
+        await self._housekeep(now, report)
+        self.runs += 1
+        self.polled.set()
+        log.info(
+            "tracker: %d points seen, %d stored, %d spikes opened, %d closed%s",
+            report.seen, report.stored, report.spikes_opened, report.spikes_closed,
+            f", errors: {'; '.join(report.errors)}" if report.errors else "",
+        )
+        return report
+
+    def _error(self, report: TrackReport, source: str, message: str) -> None:
+        report.sources.setdefault(source, SourceReport()).errors.append(message)
+        report.errors.append(f"{source}: {message}")
+        log.warning("tracker: %s: %s", source, message)
+
+    async def _collect(self, now: datetime, report: TrackReport) -> dict[str, list[PricePoint]]:
+        names = [n for n in self.providers if n not in SKIPPED_PROVIDERS]
+        results = await asyncio.gather(*(self._collect_one(n, now, report) for n in names))
+        out = dict(zip(names, results, strict=True))
+        for name, pts in out.items():
+            report.sources.setdefault(name, SourceReport()).seen = len(pts)
+        return out
+
+    async def _collect_one(self, name: str, now: datetime, report: TrackReport) -> list[PricePoint]:
+        provider = self.providers[name]
+        try:
+            if name == "aws":
+                return await self._aws(provider, now, report)
+            return await asyncio.wait_for(self._market(name, provider, now), self.settings.broker.provider_timeout_s)
+        except (ProviderError, TimeoutError, httpx.HTTPError, OSError) as exc:
+            self._error(report, name, str(exc) if isinstance(exc, ProviderError) else type(exc).__name__)
+            return []
+
+    async def _aws(self, provider: Provider, now: datetime, report: TrackReport) -> list[PricePoint]:
+        from providers.aws_prices import spot_price_history
+
+        config: AwsConfig = getattr(provider, "config", None) or self.settings.aws
+        horizon = now - timedelta(days=self.cfg.retention_days)
+        since: dict[str, datetime | None] = {}
+        for region in config.regions:
+            last = await asyncio.to_thread(self.store.last_seen, "aws", region)
+            since[region] = max(last, horizon) if last is not None else None
+        out: list[PricePoint] = []
+        for region, res in (await spot_price_history(config, since, now=now)).items():
+            if isinstance(res, BaseException):
+                msg = str(res) if isinstance(res, ProviderError) else f"{region}: {type(res).__name__}"
+                self._error(report, "aws", msg)
+            else:
+                out.extend(res)
+        return out
+
+    async def _market(self, name: str, provider: Provider, now: datetime) -> list[PricePoint]:
+        offers = await provider.offers(None)
+        points = market_summaries(name, offers, now) + rate_points(name, offers, now)
+        nodes = getattr(provider, "nodes", None)
+        if callable(nodes):  # the on-prem pool: utilisation per GPU model
+            from providers.slurm import gpu_model
+
+            cluster = getattr(getattr(provider, "config", None), "cluster_name", "") or name
+            points += utilisation_points(name, cluster, await nodes(), now, gpu_model)
+        return points
+
+    # ------------------------------------------------------------------ spikes
+
+    def _latest(self, keys: list[SeriesKey]) -> dict[SeriesKey, datetime | None]:
+        out: dict[SeriesKey, datetime | None] = {}
+        for k in keys:
+            if k[5] not in SPIKE_STATS or k[1] not in SPIKE_MARKETS:
+                continue
+            p = self.store.latest_price_point(k[0], k[1], k[2], k[3], k[4], k[5])
+            out[k] = _utc(p.at) if p else None
+        return out
+
+    def _series_points(self, key: SeriesKey, since: datetime | None, until: datetime | None,
+                       limit: int | None) -> list[tuple[datetime, float]]:
+        pts = self.store.price_history(
+            provider=key[0], market=Market(key[1]), sku=key[2], region=key[3], zone=key[4], stat=key[5],
+            since=since, until=until, limit=limit,
+        )
+        return [(_utc(p.at), p.usd_per_hour) for p in pts]
+
+    def _spike_work(
+        self, keys: list[SeriesKey], before: dict[SeriesKey, datetime | None], now: datetime
+    ) -> list[tuple[SeriesKey, list[tuple[datetime, float]], SpikeDetector, dict[str, Any] | None]]:
+        """Per series with new points: (key, new points, a detector resumed from the store, its open alert)."""
+        alerts = self.store.alerts(since=now - timedelta(days=self.cfg.retention_days))
+        by_key: dict[SeriesKey, list[dict[str, Any]]] = {}
+        for a in alerts:
+            by_key.setdefault(_alert_key(a), []).append(a)
+        work = []
+        for key in keys:
+            if key not in before:
+                continue
+            prev = before[key]
+            new = self._series_points(key, prev + timedelta(microseconds=1) if prev else None, None, None)
+            if not new:
+                continue
+            mine = by_key.get(key, [])
+            open_alert = next((a for a in mine if a["end"] is None), None)
+            history: list[float] = []
+            if prev is not None:
+                # The baseline window: the newest points before this run, outside any stored spike.
+                older = self._series_points(key, None, prev + timedelta(microseconds=1), self.cfg.window * 4)
+                spans = [(_utc(a["start"]), _utc(a["end"]) if a["end"] else None) for a in mine]
+                history = [
+                    price for at, price in older
+                    if not any(s <= at and (e is None or at < e) for s, e in spans)
+                ][-self.cfg.window:]
+            open_spike = None
+            if open_alert is not None:
+                open_spike = Spike(_utc(open_alert["start"]), None, float(open_alert["peak"]),
+                                   float(open_alert["baseline"]))
+            det = SpikeDetector(self.cfg.spike_multiple, self.cfg.clear_multiple, self.cfg.window,
+                                history=history, open_spike=open_spike)
+            work.append((key, new, det, open_alert))
+        return work
+
+    async def _detect(self, keys: list[SeriesKey], before: dict[SeriesKey, datetime | None],
+                      gpus: dict[SeriesKey, str], now: datetime, report: TrackReport) -> None:
+        try:
+            work = await asyncio.to_thread(self._spike_work, keys, before, now)
+        except Exception as exc:
+            report.errors.append(f"spikes: {type(exc).__name__}")
+            log.exception("tracker: spike detection failed")
+            return
+        events: list[dict[str, Any]] = []
+        for key, new, det, open_alert in work:
+            for at, price in new:
+                det.update(at, price)
+            series = series_dict(key, gpus.get(key, ""))
+            for spike in det.finish():
+                if open_alert is not None and spike.start == _utc(open_alert["start"]):
+                    if spike.end is not None:
+                        await asyncio.to_thread(self.store.close_alert, int(open_alert["id"]), spike.end)
+                        report.spikes_closed += 1
+                        events.append(self._event("spike_closed", series, spike, int(open_alert["id"])))
+                    continue
+                alert_id = await asyncio.to_thread(self.store.add_alert, series, spike.start, spike.peak,
+                                                   spike.baseline)
+                report.spikes_opened += 1
+                events.append(self._event("spike_opened", series, spike, alert_id))
+                if spike.end is not None:
+                    await asyncio.to_thread(self.store.close_alert, alert_id, spike.end)
+                    report.spikes_closed += 1
+                    events.append(self._event("spike_closed", series, spike, alert_id))
+        for ev in events:
+            log.warning(
+                "price %s: %s %s %s %s/%s: %.4f vs baseline %.4f (%.2f×)",
+                ev["event"].replace("_", " "), ev["series"]["provider"], ev["series"]["market"],
+                ev["series"]["sku"], ev["series"]["region"], ev["series"]["zone"], ev["peak"], ev["baseline"],
+                ev["ratio"],
+            )
+            if self.cfg.webhook_url and not await self._post(ev):
+                report.webhook_failures += 1
+
+    @staticmethod
+    def _event(kind: str, series: dict[str, str], spike: Spike, alert_id: int) -> dict[str, Any]:
+        return {
+            "event": kind,
+            "alert_id": alert_id,
+            "series": series,
+            "start": spike.start.isoformat(),
+            "end": spike.end.isoformat() if spike.end else None,
+            "peak": spike.peak,
+            "baseline": spike.baseline,
+            "ratio": round(spike.ratio, 4),
+        }
+
+    async def _post(self, event: dict[str, Any]) -> bool:
+        """POST one event to the webhook; False (logged) on failure. Transient failures are retried briefly."""
+        assert self.cfg.webhook_url
+        client = self._http or httpx.AsyncClient(timeout=10.0)
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(3),
+                wait=wait_exponential(multiplier=0.2, max=2.0) + wait_random(0, 0.2),
+                retry=retry_if_exception_type(TransientError),
+                reraise=True,
+            ):
+                with attempt:
+                    try:
+                        resp = await client.post(self.cfg.webhook_url, json=event)
+                    except httpx.TransportError as exc:
+                        raise TransientError("webhook", f"connection failed ({type(exc).__name__})") from exc
+                    if resp.status_code >= 500 or resp.status_code == 429:
+                        raise TransientError("webhook", f"HTTP {resp.status_code}")
+                    if resp.status_code >= 400:
+                        log.warning("tracker: webhook refused the event (HTTP %d)", resp.status_code)
+                        return False
+            return True
+        except TransientError as exc:
+            log.warning("tracker: webhook failed: %s", exc)
+            return False
+        finally:
+            if self._http is None:
+                await client.aclose()
+
+    # ------------------------------------------------------------------ housekeeping
+
+    async def _housekeep(self, now: datetime, report: TrackReport) -> None:
+        if self._last_housekeeping is not None and now - self._last_housekeeping < HOUSEKEEPING_EVERY:
+            return
+        try:
+            report.pruned = await asyncio.to_thread(
+                self.store.prune_prices, now - timedelta(days=self.cfg.retention_days)
+            )
+            report.compacted = await asyncio.to_thread(
+                self.store.compact_prices, now - timedelta(days=self.cfg.compact_after_days), 3600
+            )
+            self._last_housekeeping = now
+        except Exception as exc:
+            report.errors.append(f"housekeeping: {type(exc).__name__}")
+            log.exception("tracker: housekeeping failed")

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 from platformdirs import user_data_dir
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -169,6 +169,15 @@ class Settings(BaseSettings):
     tracker: TrackerConfig = Field(default_factory=TrackerConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
+
+    @field_validator("db_url")
+    @classmethod
+    def _db_url(cls, v: str) -> str:
+        """A plain path means an SQLite file."""
+        v = v.strip()
+        if "://" not in v:
+            return f"sqlite:///{os.path.abspath(os.path.expanduser(v))}"
+        return v
 
     def masked(self) -> dict[str, Any]:
         """The effective configuration as JSON-ready data, secrets masked."""

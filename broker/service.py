@@ -37,6 +37,7 @@ from policies.ranking import quote as rank_quote
 from providers.base import Provider
 
 if TYPE_CHECKING:
+    from broker.jobs import Broker
     from broker.store import Store
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,12 @@ class Lockstep:
         self._store = store
         self.quote_observer: Callable[[float], None] | None = None  # metrics hook
         self.job_submitted = asyncio.Event()  # wakes the placement loop early
+        self.placement_observer: Callable[[str, str], None] | None = None  # metrics hook: (provider, outcome)
+        self._broker: Broker | None = None
+        self._preemption_rates: dict[tuple[str, str, str], float] = {}
+        self._background: list[asyncio.Task[None]] = []
+        self._stop_tracker: asyncio.Event | None = None
+        self._tracker: Any = None
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -91,6 +98,50 @@ class Lockstep:
 
     async def refresh(self) -> dict[str, ProviderHealth]:
         return await self.market.refresh()
+
+    @property
+    def broker(self) -> Broker:
+        """The placement and polling engine over this service's store and market."""
+        if self._broker is None:
+            from broker.jobs import Broker
+
+            self._broker = Broker(self.settings, self.store, self.market, clock=self.clock,
+                                  preemption_rates=self.preemption_rates, on_placed=self.placement_observer,
+                                  wake=self.job_submitted)
+        return self._broker
+
+    def preemption_rates(self) -> dict[tuple[str, str, str], float]:
+        """Observed preemptions per hour by (provider, zone, sku); the tracker fills it when running."""
+        return dict(self._preemption_rates)
+
+    async def start(self) -> None:
+        """Start the broker loops: reconcile, then refresh / place / poll (and the tracker when configured)."""
+        await self.broker.start()
+        self._background = []
+        try:
+            from broker.tracker import Tracker
+        except ImportError:
+            return
+        self._stop_tracker = asyncio.Event()
+        self._tracker = Tracker(self.settings, self.store, self.market.providers, clock=self.clock)
+        self._background.append(asyncio.create_task(self._tracker.run_forever(self._stop_tracker)))
+
+    async def stop(self) -> None:
+        if self._stop_tracker is not None:
+            self._stop_tracker.set()
+        for t in self._background:
+            t.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self._broker is not None:
+            await self._broker.stop()
+
+    async def place_now(self, job_ids: list[str] | None = None) -> None:
+        """One placement pass in this process (the CLI without a server uses it)."""
+        await self.ensure_offers()
+        await self.broker.place_pending(job_ids)
+
+    async def poll_now(self) -> None:
+        await self.broker.poll_once()
 
     async def ensure_offers(self) -> None:
         if self.market.refreshed_at is None:
@@ -123,12 +174,7 @@ class Lockstep:
     # ------------------------------------------------------------------ jobs
     async def submit(self, spec: JobSpec, *, tenant: str = "default", idempotency_key: str | None = None) -> Job:
         """Accept a job: once this returns, the job is in the store and survives a crash."""
-        now = self.clock()
-        job = Job(id=new_job_id(), tenant=tenant, spec=spec, deadline=spec.deadline_at(now), created_at=now,
-                  updated_at=now)
-        job, created = await self.db(self.store.create_job, job, idempotency_key)
-        if created:
-            self.job_submitted.set()
+        job, _ = await self.submit_job(spec, tenant=tenant, idempotency_key=idempotency_key)
         return job
 
     async def list_jobs(self, *, tenant: str | None = None, states: list[JobState] | None = None, limit: int = 50,

@@ -7,6 +7,7 @@ readable line on stderr, never a traceback), 3 no feasible option.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import typer
@@ -111,4 +112,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_FAIL)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as e:  # never a traceback for users; LOCKSTEP_DEBUG=1 shows it
+        if os.environ.get("LOCKSTEP_DEBUG"):
+            raise
+        _err(f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+             "(set LOCKSTEP_DEBUG=1 for the traceback)")
+        sys.exit(EXIT_FAIL)
     sys.exit(rv if isinstance(rv, int) else EXIT_OK)

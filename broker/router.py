@@ -1,0 +1,265 @@
+"""Placement: where market, policies and providers meet.
+
+For a claimed job: rank the offers (policies.ranking), choose a route
+(policies.placement: reserved first, on-prem first, burst, spot or on-demand),
+then launch on the best candidate. A capacity error moves on to the next
+candidate (another zone, type or provider), up to a cap; every failed try is
+kept with its reason in the job's event. Multi-node jobs are launched as one
+request on one co-located offer: all nodes or none.
+
+Crash safety: the allocation is written to the store as an *intent* (with the
+idempotency token the provider will see) and the attempt counter is persisted
+*before* the provider is called; the result is recorded after. Reconciliation
+(broker/reconcile.py) finishes whatever a crash interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from broker.config import Settings
+from broker.errors import (
+    CapacityError,
+    ConflictError,
+    ProviderAuthError,
+    ProviderError,
+    QuotaError,
+)
+from broker.market import Marketplace
+from broker.models import (
+    Allocation,
+    AllocationState,
+    Job,
+    JobState,
+    Offer,
+    Quote,
+    QuoteOption,
+    utcnow,
+)
+from policies.placement import Decision, candidates, decide
+from policies.ranking import quote as rank_quote
+from providers.base import LaunchRequest
+
+if TYPE_CHECKING:
+    from broker.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def new_alloc_id() -> str:
+    return "a" + secrets.token_hex(8)
+
+
+def month_start(now: datetime) -> datetime:
+    return datetime(now.year, now.month, 1, tzinfo=UTC)
+
+
+class Placement:
+    """The outcome of one placement pass for one job (for callers and tests)."""
+
+    def __init__(self, job: Job, placed: bool, reason: str, tries: list[dict[str, Any]]) -> None:
+        self.job, self.placed, self.reason, self.tries = job, placed, reason, tries
+
+
+class Router:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        market: Marketplace,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+        preemption_rates: Callable[[], dict[tuple[str, str, str], float]] | None = None,
+        on_placed: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.market = market
+        self.clock = clock
+        self.preemption_rates = preemption_rates or (lambda: {})
+        self.on_placed = on_placed  # metrics hook: (provider, outcome)
+        self._taken: set[str] = set()  # single-unit offers launched on since the last refresh
+        self._taken_at: datetime | None = None
+
+    async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    # ------------------------------------------------------------------ ranking
+    def _launchable(self, o: QuoteOption, offer: Offer | None) -> bool:
+        provider = self.market.providers.get(o.provider)
+        return (
+            offer is not None
+            and provider is not None
+            and provider.can_launch
+            and offer.attrs.get("source") != "catalog"
+            and o.offer_id not in self._taken
+        )
+
+    def rank(self, job: Job, now: datetime, unhealthy: dict[tuple[str, str], str]) -> tuple[Quote, list[QuoteOption]]:
+        """The job's quote, and the options that can actually be launched now."""
+        if self._taken_at != self.market.refreshed_at:  # a refresh shows what is really left
+            self._taken.clear()
+            self._taken_at = self.market.refreshed_at
+        book = self.market.book(unhealthy_hosts=unhealthy, preemption_rates=self.preemption_rates())
+        q = rank_quote(book, job.spec, now=now, top=50, max_rejected=20)
+        return q, [o for o in q.options if self._launchable(o, self.market.find(o.offer_id))]
+
+    @staticmethod
+    def unplaceable_reason(q: Quote, options: list[QuoteOption]) -> str:
+        """Why a job cannot be launched anywhere right now ('' when it can)."""
+        if not q.options:
+            counts = ", ".join(f"{k}: {v}" for k, v in sorted(q.rejected_counts.items(), key=lambda kv: -kv[1]))
+            return f"no feasible offer ({counts or 'no offers'})"
+        if not options:
+            return "no launchable offer: feasible offers come only from the read-only catalog"
+        return ""
+
+    async def _budget(self, job: Job, now: datetime) -> tuple[float | None, str]:
+        """(budget left in USD or None, reason the tenant's caps forbid the job or '')."""
+        from broker.errors import NotFoundError
+
+        try:
+            tenant = await self._db(self.store.get_tenant, job.tenant)
+        except NotFoundError:
+            return None, ""
+        left = None
+        if tenant.monthly_budget_usd is not None:
+            spent = await self._db(self.store.tenant_spend, job.tenant, month_start(now), now)
+            left = tenant.monthly_budget_usd - spent
+            if left <= 0:
+                return left, (f"budget: tenant {job.tenant} has spent ${spent:,.2f} of its "
+                              f"${tenant.monthly_budget_usd:,.2f} monthly budget")
+        if tenant.max_gpus is not None:
+            held = await self._db(self.store.gpus_held, job.tenant)
+            if held + job.spec.gpus > tenant.max_gpus:
+                return left, (f"budget: tenant {job.tenant} holds {held} GPUs; {job.spec.gpus} more would exceed "
+                              f"its cap of {tenant.max_gpus}")
+        return left, ""
+
+    def decide(self, job: Job, options: list[QuoteOption], now: datetime, budget_left: float | None) -> Decision:
+        rates = self.preemption_rates()
+        spot_rates = [v for v in rates.values()] or [0.05]
+        return decide(
+            job.spec, options, now=now, deadline=job.deadline or job.spec.deadline_at(job.created_at),
+            max_queue_wait_hours=self.settings.broker.max_queue_wait_hours, budget_left_usd=budget_left,
+            preemptions_per_hour=sum(spot_rates) / len(spot_rates),
+        )
+
+    # ------------------------------------------------------------------ placing
+    async def place(self, job: Job) -> Placement:
+        """Place a job the caller has claimed (state placing). Leaves it provisioning or pending."""
+        now = self.clock()
+        unhealthy = await self._db(self.store.unhealthy_nodes)
+        q, options = self.rank(job, now, unhealthy)
+        budget_left, budget_reason = await self._budget(job, now)
+        if budget_reason:
+            return await self._back_to_pending(job, budget_reason, [], {"budget": budget_reason})
+        # A job's own cap beyond what is left of the tenant budget
+        if budget_left is not None:
+            options = [o for o in options if o.expected_cost_usd <= budget_left]
+            if not options and q.options:
+                return await self._back_to_pending(
+                    job, f"budget: no option fits the ${budget_left:,.2f} left of tenant {job.tenant}'s budget",
+                    [], {"budget_left_usd": round(budget_left, 2)})
+        decision = self.decide(job, options, now, budget_left)
+        tries_allowed = self.settings.broker.max_launch_tries
+        cands = candidates(options, decision)
+        if not cands:
+            reason = self.unplaceable_reason(q, options) or decision.reason
+            return await self._back_to_pending(job, reason, [], decision.as_dict())
+
+        tries: list[dict[str, Any]] = []
+        skip: set[str] = set()
+        for opt in cands:
+            if len(tries) >= tries_allowed:
+                break
+            if opt.provider in skip:
+                continue
+            offer = self.market.find(opt.offer_id)
+            assert offer is not None
+            outcome = await self._try(job, opt, offer, decision, tries)
+            if isinstance(outcome, Placement):
+                return outcome
+            if outcome == "skip_provider":
+                skip.add(opt.provider)
+        last = tries[-1]["error"] if tries else "no candidate"
+        return await self._back_to_pending(job, f"all {len(tries)} launch tries failed; last: {last}", tries,
+                                           decision.as_dict())
+
+    async def _try(self, job: Job, opt: QuoteOption, offer: Offer, decision: Decision,
+                   tries: list[dict[str, Any]]) -> Placement | str:
+        provider = self.market.providers[opt.provider]
+        fresh = await self._db(self.store.get_job, job.id)
+        attempt = fresh.attempts + 1
+        req = LaunchRequest(job_id=job.id, tenant=job.tenant, attempt=attempt, spec=job.spec, offer=offer,
+                            nodes=opt.nodes, installation=self.settings.broker.installation)
+        alloc = Allocation(
+            id=new_alloc_id(), job_id=job.id, attempt=attempt, provider=opt.provider, offer_id=opt.offer_id,
+            state=AllocationState.intent, client_token=req.client_token, nodes=opt.nodes, region=opt.region,
+            zone=opt.zone, usd_per_hour=opt.usd_per_hour,
+            attrs={"sku": opt.sku, "market": opt.market.value, "option": opt.model_dump_json()},
+        )
+        # Intent first: a crash after the provider call is then always recoverable.
+        await self._db(self.store.update_job, job.id, attempts=attempt)
+        await self._db(self.store.add_allocation, alloc)
+        try:
+            got = await provider.launch(req)
+        except ProviderError as exc:
+            kind = ("capacity" if isinstance(exc, CapacityError) else "quota" if isinstance(exc, QuotaError)
+                    else "auth" if isinstance(exc, ProviderAuthError) else type(exc).__name__)
+            tries.append({"offer_id": opt.offer_id, "provider": opt.provider, "sku": opt.sku, "zone": opt.zone,
+                          "market": opt.market.value, "error": str(exc)[:300], "kind": kind})
+            await self._db(self.store.update_allocation, alloc.id, state=AllocationState.failed,
+                           reason=str(exc)[:500])
+            if self.on_placed:
+                self.on_placed(opt.provider, kind)
+            log.info("job %s: %s on %s failed: %s", job.id, opt.sku, opt.zone or opt.region, exc)
+            return "skip_provider" if isinstance(exc, QuotaError | ProviderAuthError) else "next"
+        except Exception as exc:  # an adapter bug must not lose the job: record, try the next offer
+            log.exception("job %s: launch on %s raised", job.id, opt.provider)
+            tries.append({"offer_id": opt.offer_id, "provider": opt.provider, "error": repr(exc)[:300],
+                          "kind": "error"})
+            await self._db(self.store.update_allocation, alloc.id, state=AllocationState.failed,
+                           reason=repr(exc)[:500])
+            return "next"
+
+        state = got.state if got.state not in (AllocationState.intent, AllocationState.unknown) else \
+            AllocationState.pending
+        attrs = {**alloc.attrs, **got.attrs}
+        await self._db(self.store.update_allocation, alloc.id, state=state, resource_ids=got.resource_ids,
+                       zone=got.zone or alloc.zone, attrs=attrs)
+        if offer.max_nodes == 1 and not offer.divisible:
+            self._taken.add(offer.id)
+        try:
+            placed = await self._db(
+                self.store.transition, job.id, JobState.provisioning,
+                f"launched on {opt.provider} {opt.sku} in {opt.zone or opt.region} ({opt.market.value})",
+                {"tries": tries, "allocation": alloc.id, "resource_ids": got.resource_ids,
+                 "decision": decision.as_dict()},
+                {JobState.placing}, placement=opt, decision=decision.as_dict(),
+            )
+        except ConflictError:
+            # Cancelled while we launched: give it straight back.
+            log.info("job %s was cancelled during launch; releasing %s", job.id, got.resource_ids)
+            current = await self._db(self.store.get_allocation, alloc.id)
+            await provider.release(current)
+            await self._db(self.store.update_allocation, alloc.id, state=AllocationState.released,
+                           reason="job cancelled during launch")
+            return Placement(await self._db(self.store.get_job, job.id), False, "cancelled during launch", tries)
+        if self.on_placed:
+            self.on_placed(opt.provider, "placed")
+        return Placement(placed, True, placed.reason, tries)
+
+    async def _back_to_pending(self, job: Job, reason: str, tries: list[dict[str, Any]],
+                               decision: dict[str, Any]) -> Placement:
+        try:
+            job = await self._db(self.store.transition, job.id, JobState.pending, reason,
+                                 {"tries": tries} if tries else {}, {JobState.placing}, decision=decision)
+        except ConflictError:
+            job = await self._db(self.store.get_job, job.id)
+        return Placement(job, False, reason, tries)

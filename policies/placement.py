@@ -1,0 +1,150 @@
+"""Placement policies: reserved first, on-prem first with bursting, spot while slack lasts.
+
+Pure functions over quote options and numbers: the current time is an argument
+and nothing here does I/O, so the same decisions replay in a simulator over
+recorded traces.
+
+- **Reserved first**: unused reserved capacity is already paid for; its
+  marginal price is what the operator configured (often 0). It goes first.
+- **Burst**: owned hardware is paid for too, so on-prem goes next — unless its
+  queue would make the job miss its deadline, or the wait exceeds the
+  configured limit, and the cloud's extra cost fits the tenant's budget.
+  ``onprem_only`` never bursts; ``cloud_ok: false`` never leaves.
+- **Spot vs on-demand** ("uniform progress", after Wu et al., *Can't Be Late*,
+  NSDI'24): a job that tolerates preemption uses spot while its deadline has
+  slack for the preemptions it may suffer; as slack runs out it falls back to
+  on-demand so it still finishes in time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from broker.models import JobSpec, Market, QuoteOption
+
+CLOUD_MARKETS = frozenset({Market.spot, Market.on_demand})
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the policies chose and the numbers behind it (stored on the job)."""
+
+    route: str  # "reserved" | "onprem" | "cloud" | "wait"
+    reason: str
+    allow_spot: bool
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def spot_allowed(
+    spec: JobSpec,
+    *,
+    now: datetime,
+    deadline: datetime | None,
+    on_demand_hours: float | None,
+    preemptions_per_hour: float,
+    restart_minutes: float = 10.0,
+    safety: float = 1.1,
+) -> tuple[bool, dict[str, float]]:
+    """Uniform progress: spot only while the slack covers the losses spot may cause.
+
+    Slack is the time left before the deadline minus what the rest of the job
+    needs on on-demand capacity (× a safety margin). Spot's expected cost in
+    time is one restart plus half a checkpoint interval per preemption.
+    """
+    numbers: dict[str, float] = {}
+    if not spec.interruptible:
+        return False, numbers
+    if deadline is None or on_demand_hours is None:
+        return True, numbers
+    left_h = (deadline - now).total_seconds() / 3600.0
+    need_h = on_demand_hours * safety
+    per_event_h = (spec.checkpoint_minutes / 2.0 + restart_minutes) / 60.0
+    expected_loss_h = on_demand_hours * preemptions_per_hour * per_event_h + per_event_h
+    slack = left_h - need_h
+    numbers.update(hours_left=round(left_h, 3), on_demand_hours=round(on_demand_hours, 3),
+                   slack_hours=round(slack, 3), spot_expected_loss_hours=round(expected_loss_h, 3))
+    return slack > expected_loss_h, numbers
+
+
+def decide(
+    spec: JobSpec,
+    options: Sequence[QuoteOption],
+    *,
+    now: datetime,
+    deadline: datetime | None,
+    max_queue_wait_hours: float,
+    budget_left_usd: float | None = None,
+    preemptions_per_hour: float = 0.05,
+) -> Decision:
+    """Choose where to route a job among its feasible options (already ranked by job cost)."""
+    reserved = [o for o in options if o.market is Market.reserved]
+    onprem = [o for o in options if o.market is Market.owned]
+    on_demand = [o for o in options if o.market is Market.on_demand]
+    cloud = [o for o in options if o.market in CLOUD_MARKETS]
+
+    od_hours = min((o.expected_hours for o in on_demand), default=None)
+    allow_spot, spot_numbers = spot_allowed(spec, now=now, deadline=deadline, on_demand_hours=od_hours,
+                                            preemptions_per_hour=preemptions_per_hour)
+    if reserved and not (spec.onprem_only or not spec.cloud_ok):
+        return Decision("reserved", "unused reserved capacity is already paid for", allow_spot,
+                        {"reserved_usd_per_hour": reserved[0].usd_per_hour, **spot_numbers})
+
+    if not onprem:
+        if spec.onprem_only or not spec.cloud_ok:
+            return Decision("wait", "job must stay on-prem and no on-prem capacity fits it now", False, spot_numbers)
+        return Decision("cloud", "no on-prem capacity fits this job", allow_spot, spot_numbers)
+
+    best = onprem[0]
+    wait = best.breakdown.queue_wait_hours if best.breakdown else 0.0
+    finish_h = best.expected_hours  # includes the queue wait
+    numbers: dict[str, Any] = {"onprem_queue_wait_hours": round(wait, 3), "onprem_finish_hours": round(finish_h, 3),
+                               "max_queue_wait_hours": max_queue_wait_hours, **spot_numbers}
+    misses = False
+    if deadline is not None:
+        hours_left = (deadline - now).total_seconds() / 3600.0
+        numbers["hours_to_deadline"] = round(hours_left, 3)
+        misses = finish_h > hours_left
+    too_long = wait > max_queue_wait_hours
+    if spec.onprem_only or not spec.cloud_ok or not (misses or too_long):
+        why = "owned hardware is already paid for"
+        if misses or too_long:
+            why = "job must stay on-prem, so it waits for the on-prem queue"
+        return Decision("onprem", why, False, numbers)
+
+    trigger = "on-prem queue would miss the deadline" if misses else (
+        f"on-prem wait {wait:.2f} h exceeds the limit {max_queue_wait_hours:g} h")
+    usable_cloud = [o for o in cloud if allow_spot or o.market is not Market.spot]
+    if not usable_cloud:
+        return Decision("onprem", f"{trigger}, but no cloud option fits; staying on-prem", False, numbers)
+    cheapest = usable_cloud[0]
+    extra = cheapest.expected_cost_usd - best.expected_cost_usd
+    numbers.update(cloud_cost_usd=cheapest.expected_cost_usd, onprem_cost_usd=best.expected_cost_usd,
+                   extra_cost_usd=round(extra, 2))
+    if budget_left_usd is not None:
+        numbers["budget_left_usd"] = round(budget_left_usd, 2)
+        if cheapest.expected_cost_usd > budget_left_usd:
+            return Decision("onprem", f"{trigger}, but bursting would exceed the tenant's budget", False, numbers)
+    return Decision("cloud", f"burst: {trigger}", allow_spot, numbers)
+
+
+def candidates(options: Sequence[QuoteOption], decision: Decision) -> list[QuoteOption]:
+    """The options to try, in order, for a decision (the router walks them on capacity errors)."""
+    if decision.route == "wait":
+        return []
+    if decision.route == "reserved":
+        # reserved, then owned; then (if those fail) new capacity, spot only when allowed
+        order = [Market.reserved, Market.owned, Market.on_demand] + ([Market.spot] if decision.allow_spot else [])
+    elif decision.route == "onprem":
+        order = [Market.owned]
+    else:
+        order = ([Market.spot] if decision.allow_spot else []) + [Market.on_demand, Market.reserved]
+    out: list[QuoteOption] = []
+    for market in order:
+        out.extend(o for o in options if o.market is market)
+    return out

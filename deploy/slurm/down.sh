@@ -33,6 +33,11 @@ if [[ -d "$RUN" ]]; then
 fi
 
 if [[ "${1:-}" == "--purge" ]]; then
+  # The config copy up.sh made for slurmrestd when the checkout was not readable by nobody.
+  if [[ -s "$RUN/slurmrestd.confdir" ]]; then
+    confdir="$(cat "$RUN/slurmrestd.confdir")"
+    [[ "$confdir" == /tmp/lockstep-slurmrestd-* ]] && rm -rf "$confdir"
+  fi
   rm -rf "$STATE"
 fi
 echo "slurm cluster down"

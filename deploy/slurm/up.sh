@@ -161,9 +161,21 @@ done
 
 # slurmrestd refuses to run as root and does not daemonise: run it as nobody in the background and keep
 # its pid ourselves. SLURM_JWT=daemon makes it forward each request's token to slurmctld.
+# It reads slurm.conf only after dropping to nobody: when the checkout is not readable by nobody (say, under
+# /root), it gets a world-readable copy of the two config files (no secrets in them) in a private /tmp dir.
+REST_CONF="$SLURM_CONF"
+if ! runuser -u nobody -- test -r "$SLURM_CONF" 2>/dev/null; then
+  rest_dir="/tmp/lockstep-slurmrestd-$(printf '%s' "$STATE" | md5sum | cut -c1-12)"
+  mkdir -p "$rest_dir"
+  chmod 755 "$rest_dir"
+  cp "$SLURM_CONF" "$STATE/etc/gres.conf" "$rest_dir/"
+  chmod 644 "$rest_dir"/*.conf
+  REST_CONF="$rest_dir/slurm.conf"
+  echo "$rest_dir" >"$STATE/run/slurmrestd.confdir"
+fi
 REST_PID="$STATE/run/slurmrestd.pid"
 if ! alive "$REST_PID"; then
-  SLURM_JWT=daemon nohup slurmrestd -f "$SLURM_CONF" -u nobody -g nogroup -a rest_auth/jwt \
+  SLURM_JWT=daemon nohup slurmrestd -f "$REST_CONF" -u nobody -g nogroup -a rest_auth/jwt \
     -s openapi/v0.0.38,openapi/v0.0.37,openapi/v0.0.36 "127.0.0.1:$REST_PORT" \
     >>"$STATE/log/slurmrestd.log" 2>&1 </dev/null &
   echo $! >"$REST_PID"
@@ -207,9 +219,9 @@ export LOCKSTEP_SLURM_TOKEN=$token
 EOF2
 )
 
-until curl -fsS -o /dev/null -H "X-SLURM-USER-NAME: root" -H "X-SLURM-USER-TOKEN: $token" \
+until curl -fs -o /dev/null -H "X-SLURM-USER-NAME: root" -H "X-SLURM-USER-TOKEN: $token" \
   "$URL/slurm/v0.0.38/ping"; do
-  if ((SECONDS >= deadline)); then
+  if ((SECONDS >= deadline)) || ! alive "$REST_PID"; then
     echo "slurmrestd did not answer on $URL; see $STATE/log/slurmrestd.log" >&2
     exit 1
   fi

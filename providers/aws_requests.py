@@ -153,10 +153,12 @@ def run_instances_request(
     if config.key_name:
         params["KeyName"] = config.key_name
     if market is Market.spot:
-        params["InstanceMarketOptions"] = {
-            "MarketType": "spot",
-            "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
-        }
+        spot: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+        if req.spec.max_usd_per_hour:
+            # The job's cap is for all its nodes; EC2's MaxPrice is per instance. Above it AWS
+            # interrupts instead of billing more (without it, the cap is the on-demand price).
+            spot["MaxPrice"] = f"{req.spec.max_usd_per_hour / req.nodes:.5f}"
+        params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
     if capacity_reservation_id:
         params["CapacityReservationSpecification"] = {
             "CapacityReservationTarget": {"CapacityReservationId": capacity_reservation_id}

@@ -105,3 +105,20 @@ def test_connection_and_credential_errors() -> None:
     assert isinstance(map_error(EndpointConnectionError(endpoint_url="http://x"), "aws", "op"), TransientError)
     assert isinstance(map_error(NoCredentialsError(), "aws", "op"), ProviderAuthError)
     assert isinstance(map_error(TimeoutError(), "aws", "op"), TransientError)
+
+
+def test_spot_request_caps_the_price_per_node() -> None:
+    from broker.config import AwsConfig
+    from broker.models import Locality, Market, Offer
+    from providers.aws_requests import run_instances_request
+    from tests.aws.conftest import job, launch_request
+
+    offer = Offer(id="o", provider="aws", market=Market.spot, sku="p5.48xlarge", gpu="H100-SXM", gpu_count=8,
+                  usd_per_hour=30.0, locality=Locality(provider="aws", region="us-east-1", zone="us-east-1a"))
+    capped = launch_request(offer, 4, spec=job(gpu="H100", gpus=32, max_usd_per_hour=200.0))
+    params = run_instances_request(capped, config=AwsConfig(), installation="x", provider="aws", gpu_type=None)
+    assert params["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] == "50.00000"
+    assert params["MinCount"] == params["MaxCount"] == 4 and "SubnetId" not in params
+    on_demand = launch_request(offer.model_copy(update={"market": Market.on_demand}), 1)
+    params = run_instances_request(on_demand, config=AwsConfig(), installation="x", provider="aws", gpu_type=None)
+    assert "InstanceMarketOptions" not in params

@@ -1,0 +1,104 @@
+"""The aiohttp application: routes from ROUTES, middlewares, and cleanup contexts for what it owns.
+
+    app = create_app(Lockstep(settings))      # tests: AppRunner + TCPSite on 127.0.0.1:0
+    await serve(settings, host, port)          # `lockstep serve`
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+
+from broker.api.auth import RateLimiter, TokenCache
+from broker.api.handlers import ROUTES
+from broker.api.keys import LIMITER, METRICS, OPENAPI, SERVICE, TOKENS
+from broker.api.metrics import ApiMetrics
+from broker.api.middlewares import auth_middleware, error_middleware
+from broker.api.openapi import build_openapi
+from broker.config import Settings
+from broker.models import TokenInfo
+from broker.service import Lockstep
+
+log = logging.getLogger(__name__)
+
+
+def create_app(svc: Lockstep, *, start_loops: bool = True, close_service: bool = True,
+               token_cache_s: float = 2.0) -> web.Application:
+    """An application serving ``svc``.
+
+    ``start_loops``: run the broker's background loops (placement, polling,
+    tracking) with the app. ``close_service``: close the service (providers,
+    store) when the app stops. Token checks are cached ``token_cache_s``.
+    """
+    api = svc.settings.api
+    app = web.Application(client_max_size=api.max_body_bytes,
+                          middlewares=[error_middleware, auth_middleware])
+    app[SERVICE] = svc
+    app[METRICS] = ApiMetrics()
+    app[LIMITER] = RateLimiter(api.rate_per_s, api.burst)
+
+    async def verify(plaintext: str) -> TokenInfo | None:
+        result: TokenInfo | None = await svc.db(svc.store.verify_token, plaintext)
+        return result
+
+    app[TOKENS] = TokenCache(verify, token_cache_s)
+    app[OPENAPI] = build_openapi()
+    for r in ROUTES:
+        app.router.add_route(r.method, r.path, r.handler, name=r.operation_id)
+    app.cleanup_ctx.append(_hooks)
+    app.cleanup_ctx.append(_service(start_loops, close_service))
+    return app
+
+
+async def _hooks(app: web.Application) -> AsyncIterator[None]:
+    """Feed the metrics from the service's hooks; put back whatever hooks were there before."""
+    svc, metrics = app[SERVICE], app[METRICS]
+    old_quote, old_refresh = svc.quote_observer, svc.market.on_refresh
+    svc.quote_observer = metrics.quote_hook(old_quote)
+    svc.market.on_refresh = metrics.refresh_hook(old_refresh)
+    yield
+    svc.quote_observer, svc.market.on_refresh = old_quote, old_refresh
+
+
+def _service(start_loops: bool, close_service: bool) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        svc = app[SERVICE]
+        await svc.db(lambda: svc.store)  # open and migrate the store before the first request
+        started = False
+        if start_loops and hasattr(svc, "start"):
+            await svc.start()
+            started = True
+        yield
+        if started and hasattr(svc, "stop"):
+            await svc.stop()
+        if close_service:
+            await svc.aclose()
+
+    return ctx
+
+
+async def start_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
+    """Start ``app`` on host:port (0: any free port); returns the runner and the base URL."""
+    runner = web.AppRunner(app, access_log=logging.getLogger("lockstep.access"))
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    sockets = getattr(site._server, "sockets", None) or []  # the real port when 0 was asked for
+    bound = sockets[0].getsockname()[1] if sockets else port
+    return runner, f"http://{host}:{bound}"
+
+
+async def serve(settings: Settings, host: str, port: int, *, ready: Callable[[str], None] | None = None) -> None:
+    """Run the API and the broker loops until cancelled (Ctrl-C, SIGTERM)."""
+    app = create_app(Lockstep(settings))
+    runner, url = await start_server(app, host, port)
+    log.info("serving on %s", url)
+    if ready is not None:
+        ready(url)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

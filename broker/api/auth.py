@@ -1,0 +1,89 @@
+"""Bearer tokens → (tenant, role), and a token bucket per tenant.
+
+Verification hits the store once per token per ``cache_s`` seconds: a hot
+client must not cost a database round trip per request. Revocation through the
+API drops the cached entry at once; a revocation made elsewhere (the CLI on
+the store) takes effect within ``cache_s``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from broker.models import Role, TokenInfo
+
+
+def token_key(plaintext: str) -> str:
+    # Cache keys are hashes, so the plaintext is not kept in memory longer than the request.
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+class TokenCache:
+    def __init__(self, verify: Callable[[str], Awaitable[TokenInfo | None]], cache_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._verify = verify
+        self._cache_s = cache_s
+        self._clock = clock
+        self._entries: dict[str, tuple[TokenInfo, float]] = {}
+
+    async def lookup(self, plaintext: str) -> TokenInfo | None:
+        key = token_key(plaintext)
+        now = self._clock()
+        hit = self._entries.get(key)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        info = await self._verify(plaintext)
+        if info is None:  # unknown or revoked: never cached, so a new token works at once
+            self._entries.pop(key, None)
+            return None
+        if self._cache_s > 0:
+            if len(self._entries) > 10_000:
+                self._entries.clear()
+            self._entries[key] = (info, now + self._cache_s)
+        return info
+
+    def forget(self, token_id: str) -> None:
+        for key, (info, _) in list(self._entries.items()):
+            if info.id == token_id:
+                del self._entries[key]
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    at: float
+
+
+class RateLimiter:
+    """A token bucket per tenant: ``rate_per_s`` sustained, ``burst`` at once."""
+
+    def __init__(self, rate_per_s: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = max(rate_per_s, 1e-9)
+        self.burst = max(burst, 1)
+        self._clock = clock
+        self._buckets: dict[str, _Bucket] = {}
+
+    def take(self, tenant: str) -> float:
+        """0 when the request may go; otherwise the seconds until it could."""
+        now = self._clock()
+        b = self._buckets.get(tenant)
+        if b is None:
+            b = self._buckets[tenant] = _Bucket(float(self.burst), now)
+        b.tokens = min(float(self.burst), b.tokens + (now - b.at) * self.rate)
+        b.at = now
+        if b.tokens >= 1.0:
+            b.tokens -= 1.0
+            return 0.0
+        return (1.0 - b.tokens) / self.rate
+
+
+def retry_after(seconds: float) -> str:
+    return str(max(1, math.ceil(seconds)))
+
+
+def is_admin(info: TokenInfo) -> bool:
+    return info.role is Role.admin

@@ -1,0 +1,330 @@
+"""HTTP handlers: parse, call the service, render. No business logic here.
+
+``ROUTES`` is the single list the application registers and the OpenAPI
+document is generated from, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from broker.api.errors import ApiError
+from broker.api.keys import AUTH, METRICS, OPENAPI, SERVICE, TOKENS
+from broker.api.metrics import CONTENT_TYPE, store_counts, store_ping
+from broker.api.params import JobsParams, OfferParams, PriceParams, QuoteParams, TokensParams, parse_body, \
+    parse_query, read_json
+from broker.api.schemas import (
+    DrainRequest,
+    DrainResult,
+    ErrorBody,
+    Health,
+    JobDetail,
+    JobPage,
+    ProvidersReport,
+    TenantCreate,
+    TenantPatch,
+    TokenCreate,
+    TokenCreated,
+)
+from broker.errors import ConflictError
+from broker.models import Job, JobSpec, Offer, PricePoint, Quote, Role, Tenant, TokenInfo
+from broker.specs import parse_spec
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def render(data: BaseModel | Sequence[BaseModel], status: int = 200,
+           headers: dict[str, str] | None = None) -> web.Response:
+    """JSON straight from pydantic's serializer (faster than dumping to dicts first)."""
+    if isinstance(data, BaseModel):
+        text = data.model_dump_json()
+    else:
+        text = "[" + ",".join(item.model_dump_json() for item in data) + "]"
+    return web.Response(status=status, text=text, content_type="application/json", headers=headers)
+
+
+def admin_only(handler: Handler) -> Handler:
+    handler.admin_only = True  # type: ignore[attr-defined]  # read by the auth middleware
+    return handler
+
+
+def _caller(request: web.Request) -> TokenInfo:
+    info: TokenInfo = request[AUTH]
+    return info
+
+
+def _scope(request: web.Request) -> str | None:
+    """The tenant whose jobs the caller may see: its own, or all for an admin."""
+    info = _caller(request)
+    return None if info.role is Role.admin else info.tenant
+
+
+# --------------------------------------------------------------------------- quotes, offers
+
+
+async def post_quote(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    params = parse_query(request, QuoteParams)
+    spec = parse_spec(await read_json(request))
+    return render(await svc.quote(spec, top=params.top, max_rejected=params.max_rejected))
+
+
+async def get_offers(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    params = parse_query(request, OfferParams)
+    return render(await svc.offers(params.filter(), params.limit))
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def _idempotency_key(request: web.Request) -> str | None:
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is None:
+        return None
+    # Visible ASCII only, as the OpenAPI document says: keys travel in logs and other systems' headers.
+    if not 1 <= len(key) <= 256 or any(not 0x21 <= ord(c) <= 0x7E for c in key):
+        raise ApiError(400, "bad_header", "Idempotency-Key must be 1-256 visible ASCII characters",
+                       IDEMPOTENCY_HEADER)
+    return key
+
+
+async def post_job(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    key = _idempotency_key(request)
+    spec = parse_spec(await read_json(request))
+    job, created = await svc.submit_job(spec, tenant=_caller(request).tenant, idempotency_key=key)
+    return render(job, status=201 if created else 200, headers={"Location": f"/v1/jobs/{job.id}"})
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    params = parse_query(request, JobsParams)
+    tenant = _scope(request)
+    if tenant is None:
+        tenant = params.tenant
+    try:
+        jobs, cursor = await svc.list_jobs(tenant=tenant, states=params.state, limit=params.limit,
+                                           cursor=params.cursor)
+    except ConflictError:  # the store's word for a cursor it did not issue
+        raise ApiError(400, "bad_parameter", "invalid cursor", "cursor") from None
+    return render(JobPage(jobs=jobs, next_cursor=cursor))
+
+
+async def get_job(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    job = await svc.get_job(request.match_info["job_id"], _scope(request))
+    allocations = await svc.job_allocations(job.id)
+    return render(JobDetail(**dict(job), allocations=allocations))
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    return render(await svc.cancel(request.match_info["job_id"], _scope(request)))
+
+
+# --------------------------------------------------------------------------- prices, providers, nodes
+
+
+async def price_history(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    params = parse_query(request, PriceParams)
+    return render(await svc.price_history(**params.model_dump()))
+
+
+async def providers(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    await svc.ensure_offers()
+    return render(ProvidersReport(providers=svc.providers_health(), refreshed_at=svc.market.refreshed_at))
+
+
+@admin_only
+async def drain_node(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    body = await parse_body(request, DrainRequest)
+    result = await svc.drain_node(request.match_info["provider"], request.match_info["node"], body.reason)
+    return render(DrainResult.model_validate(result))
+
+
+# --------------------------------------------------------------------------- tokens, tenants
+
+
+@admin_only
+async def create_token(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    body = await parse_body(request, TokenCreate)
+    info, plaintext = await svc.db(svc.store.create_token, body.tenant, body.role, body.label)
+    log.info("token %s created for tenant %s (role %s)", info.id, info.tenant, info.role.value)
+    return render(TokenCreated(**dict(info), token=plaintext), status=201)
+
+
+@admin_only
+async def list_tokens(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    params = parse_query(request, TokensParams)
+    return render(await svc.db(svc.store.list_tokens, params.tenant))
+
+
+@admin_only
+async def revoke_token(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    token_id = request.match_info["token_id"]
+    await svc.db(svc.store.revoke_token, token_id)
+    request.app[TOKENS].forget(token_id)
+    log.info("token %s revoked", token_id)
+    return web.Response(status=204)
+
+
+@admin_only
+async def create_tenant(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    body = await parse_body(request, TenantCreate)
+    tenant = Tenant(name=body.name, monthly_budget_usd=body.monthly_budget_usd, max_gpus=body.max_gpus)
+    return render(await svc.db(svc.store.create_tenant, tenant), status=201)
+
+
+@admin_only
+async def list_tenants(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    return render(await svc.db(svc.store.list_tenants))
+
+
+async def get_tenant(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    name = request.match_info["name"]
+    scope = _scope(request)
+    if scope is not None and scope != name:  # another tenant's caps are not a user's business
+        raise ApiError(404, "not_found", f"tenant {name} not found")
+    return render(await svc.db(svc.store.get_tenant, name))
+
+
+@admin_only
+async def patch_tenant(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    body = await parse_body(request, TenantPatch)
+    return render(await svc.db(svc.store.update_tenant, request.match_info["name"],
+                               **body.model_dump(exclude_unset=True)))
+
+
+# --------------------------------------------------------------------------- operations
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return render(Health(status="ok"))
+
+
+async def readyz(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    try:
+        store_ok = bool(await svc.db(store_ping, svc.store))
+    except Exception as exc:  # any failure to reach the store means "not ready"
+        log.warning("readiness: store unreachable (%s)", type(exc).__name__)
+        store_ok = False
+    health = {name: h.ok for name, h in svc.providers_health().items()}
+    markets_ok = any(health.values()) or "catalog" in svc.market.providers
+    ready = store_ok and markets_ok
+    reason = "" if ready else ("store unreachable" if not store_ok else "no provider healthy and no catalog")
+    return render(Health(status="ready" if ready else "not ready", store=store_ok, providers=health,
+                         reason=reason), status=200 if ready else 503)
+
+
+@admin_only
+async def metrics(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    counts = await svc.db(store_counts, svc.store)
+    body = request.app[METRICS].render(counts)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(request.app[OPENAPI])
+
+
+# --------------------------------------------------------------------------- the route table
+
+TEXT = "text"  # a response that is Prometheus text, not JSON
+NO_CONTENT = None
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    tag: str
+    ok: dict[int, Any]  # status → model, TypeAdapter-able type, TEXT or NO_CONTENT
+    body: type[BaseModel] | None = None
+    query: type[BaseModel] | None = None
+    errors: tuple[int, ...] = ()  # beyond those implied (auth, body, query, path)
+    public: bool = False
+    headers: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+    @property
+    def admin(self) -> bool:
+        return bool(getattr(self.handler, "admin_only", False))
+
+    @property
+    def operation_id(self) -> str:
+        return self.handler.__name__
+
+
+_IDEM_PARAM = {
+    "name": IDEMPOTENCY_HEADER, "in": "header", "required": False,
+    "description": "Retry-safe submission: the same key and body return the same job (200); "
+                   "the same key with another body is a 409.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 256, "pattern": "^[\\x21-\\x7e]+$"},
+}
+
+ROUTES: tuple[Route, ...] = (
+    Route("POST", "/v1/quotes", post_quote, "Rank offers for a job spec, with reasons for rejections", "quotes",
+          {200: Quote}, body=JobSpec, query=QuoteParams),
+    Route("GET", "/v1/offers", get_offers, "The offer book, cheapest per GPU-hour first", "quotes",
+          {200: list[Offer]}, query=OfferParams),
+    Route("POST", "/v1/jobs", post_job, "Submit a job (idempotent with Idempotency-Key)", "jobs",
+          {200: Job, 201: Job}, body=JobSpec, errors=(409,), headers=(_IDEM_PARAM,)),
+    Route("GET", "/v1/jobs", list_jobs, "The caller's jobs, newest first, a page at a time", "jobs",
+          {200: JobPage}, query=JobsParams),
+    Route("GET", "/v1/jobs/{job_id}", get_job, "One job with its events and allocations", "jobs",
+          {200: JobDetail}),
+    Route("DELETE", "/v1/jobs/{job_id}", cancel_job, "Cancel a job and release what it holds", "jobs",
+          {200: Job}, errors=(409, 502)),
+    Route("GET", "/v1/prices/history", price_history, "Recorded prices, oldest first", "prices",
+          {200: list[PricePoint]}, query=PriceParams),
+    Route("GET", "/v1/providers", providers, "Provider health and staleness of their offers", "providers",
+          {200: ProvidersReport}),
+    Route("POST", "/v1/nodes/{provider}/{node}/drain", drain_node, "Take a node out of service (admin)",
+          "providers", {200: DrainResult}, body=DrainRequest, errors=(502,)),
+    Route("POST", "/v1/tokens", create_token, "Create a bearer token for a tenant (admin)", "admin",
+          {201: TokenCreated}, body=TokenCreate),
+    Route("GET", "/v1/tokens", list_tokens, "List tokens, never their secrets (admin)", "admin",
+          {200: list[TokenInfo]}, query=TokensParams),
+    Route("DELETE", "/v1/tokens/{token_id}", revoke_token, "Revoke a token (admin)", "admin",
+          {204: NO_CONTENT}),
+    Route("POST", "/v1/tenants", create_tenant, "Create a tenant with optional caps (admin)", "admin",
+          {201: Tenant}, body=TenantCreate, errors=(409,)),
+    Route("GET", "/v1/tenants", list_tenants, "List tenants (admin)", "admin", {200: list[Tenant]}),
+    Route("GET", "/v1/tenants/{name}", get_tenant, "One tenant: admins any, users their own", "admin",
+          {200: Tenant}),
+    Route("PATCH", "/v1/tenants/{name}", patch_tenant, "Set a tenant's budget and GPU cap (admin)", "admin",
+          {200: Tenant}, body=TenantPatch),
+    Route("GET", "/healthz", healthz, "The process is up", "operations", {200: Health}, public=True),
+    Route("GET", "/readyz", readyz, "The store answers and a market is available", "operations",
+          {200: Health, 503: Health}, public=True),
+    Route("GET", "/metrics", metrics, "Prometheus metrics (admin)", "operations", {200: TEXT}),
+    Route("GET", "/openapi.json", openapi, "This document", "operations", {200: dict[str, Any]}),
+)
+
+ERROR_MODEL = ErrorBody

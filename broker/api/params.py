@@ -1,0 +1,116 @@
+"""Query-string models and the body/query parsing helpers handlers share.
+
+A bad query parameter is a 400 naming the parameter; a bad body is a 422
+naming the field (400 when it is not JSON at all).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import cache
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from broker.api.errors import ApiError
+from broker.models import JobState, Market
+from broker.specs import first_error
+from policies.offers import OfferFilter
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class QuoteParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    top: int = Field(default=10, ge=1, le=1000, description="options to return")
+    max_rejected: int = Field(default=50, ge=0, le=1_000_000,
+                              description="rejected offers to spell out (all are counted in rejected_counts)")
+
+
+class OfferParams(OfferFilter):
+    limit: int | None = Field(default=None, ge=1, le=100_000, description="rows at most")
+
+    def filter(self) -> OfferFilter:
+        return OfferFilter.model_validate(self.model_dump(exclude={"limit"}))
+
+
+class JobsParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=50, ge=1, le=1000)
+    cursor: str | None = Field(default=None, max_length=1024, description="next_cursor of the previous page")
+    state: list[JobState] | None = Field(default=None, description="only jobs in these states")
+    tenant: str | None = Field(default=None, max_length=64, description="admin only: one tenant's jobs")
+
+
+class TokensParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: str | None = Field(default=None, max_length=64)
+
+
+class PriceParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: str | None = Field(default=None, max_length=64)
+    sku: str | None = Field(default=None, max_length=128)
+    provider: str | None = Field(default=None, max_length=64)
+    market: Market | None = None
+    zone: str | None = Field(default=None, max_length=64)
+    region: str | None = Field(default=None, max_length=64)
+    since: datetime | None = None
+    until: datetime | None = None
+    limit: int = Field(default=1000, ge=1, le=100_000)
+
+
+@cache
+def _list_fields(model: type[BaseModel]) -> frozenset[str]:
+    out = set()
+    for name, prop in model.model_json_schema()["properties"].items():
+        kinds = [prop, *prop.get("anyOf", [])]
+        if any(k.get("type") == "array" for k in kinds):
+            out.add(name)
+    return frozenset(out)
+
+
+def parse_query(request: web.Request, model: type[M]) -> M:
+    """The query string as ``model``; repeated keys fill list fields; unknown keys are ignored."""
+    lists = _list_fields(model)
+    data: dict[str, Any] = {}
+    for name in model.model_fields:
+        if name in request.query:
+            data[name] = request.query.getall(name) if name in lists else request.query[name]
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = first_error(exc)
+        raise ApiError(400, "bad_parameter", err.reason, err.field or None) from None
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+async def read_json(request: web.Request) -> Any:
+    """The body as JSON. Too large → 413 (aiohttp's client_max_size), not JSON → 400."""
+    raw = await request.read()
+    if not raw:
+        raise ApiError(400, "bad_request", "a JSON body is required", "body")
+    try:
+        return json.loads(raw, parse_constant=_no_constants)
+    except (ValueError, RecursionError):
+        raise ApiError(400, "bad_json", "the body is not valid JSON", "body") from None
+
+
+async def parse_body(request: web.Request, model: type[M]) -> M:
+    data = await read_json(request)
+    if not isinstance(data, dict):
+        raise ApiError(422, "invalid", "the body must be a JSON object", "body")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = first_error(exc)
+        raise ApiError(422, "invalid", err.reason, err.field or "body") from None

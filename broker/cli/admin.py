@@ -1,0 +1,198 @@
+"""`lockstep tokens|tenants ...` (on the local store, where the server's store is) and `lockstep serve`.
+
+`tokens create` prints the new token alone on its last line, so scripts can
+capture it: ``TOKEN=$(lockstep tokens create --tenant acme | tail -n1)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from broker.cli import render
+from broker.cli.app import get_ctx
+from broker.models import Role, Tenant
+from broker.store import Store, open_store
+
+tokens_app = typer.Typer(help="API tokens (bearer), each bound to a tenant and a role.", no_args_is_help=True,
+                         add_completion=False, pretty_exceptions_enable=False)
+tenants_app = typer.Typer(help="Tenants and their caps (monthly budget, GPUs).", no_args_is_help=True,
+                          add_completion=False, pretty_exceptions_enable=False)
+
+
+@contextmanager
+def _store(ctx: typer.Context) -> Iterator[Store]:
+    store = open_store(get_ctx(ctx).settings.db_url)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+@tokens_app.command("create")
+def tokens_create(
+    ctx: typer.Context,
+    tenant: Annotated[str, typer.Option("--tenant", help="Tenant the token acts for (created if new).")],
+    role: Annotated[Role, typer.Option("--role", help="user: its own jobs; admin: everything.")] = Role.user,
+    label: Annotated[str, typer.Option("--label", help="A note to tell tokens apart.")] = "",
+) -> None:
+    """Create a token. The token is shown once, alone on the last line; only its hash is stored."""
+    from pydantic import ValidationError
+
+    from broker.api.schemas import TokenCreate
+    from broker.specs import first_error
+
+    try:
+        TokenCreate(tenant=tenant, role=role, label=label)  # the same rules as POST /v1/tokens
+    except ValidationError as exc:  # one readable line, exit 2
+        raise first_error(exc) from None
+    with _store(ctx) as store:
+        info, plaintext = store.create_token(tenant, role, label)
+    typer.echo(f"created token {info.id} for tenant {info.tenant} (role {info.role.value})")
+    typer.echo(plaintext)
+
+
+@tokens_app.command("list")
+def tokens_list(
+    ctx: typer.Context,
+    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant's tokens.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List tokens (ids, tenants, roles; never the secrets)."""
+    with _store(ctx) as store:
+        tokens = store.list_tokens(tenant)
+    if json_out:
+        render.print_json(tokens)
+        return
+    t = Table()
+    for col in ("id", "tenant", "role", "label", "created", "revoked"):
+        t.add_column(col)
+    for tok in tokens:
+        t.add_row(tok.id, tok.tenant, tok.role.value, tok.label, tok.created_at.strftime("%Y-%m-%d %H:%M"),
+                  "yes" if tok.revoked else "")
+    render.console.print(t)
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(ctx: typer.Context, token_id: Annotated[str, typer.Argument(help="Token id (tok_...).")]) -> None:
+    """Revoke a token: the server refuses it from then on (within its short verification cache)."""
+    with _store(ctx) as store:
+        store.revoke_token(token_id)
+    typer.echo(f"revoked {token_id}")
+
+
+# --------------------------------------------------------------------------- tenants
+
+
+def _tenants_table(tenants: list[Tenant]) -> None:
+    t = Table()
+    for col in ("name", "monthly budget $", "max GPUs", "created"):
+        t.add_column(col)
+    for x in tenants:
+        t.add_row(x.name, "" if x.monthly_budget_usd is None else f"{x.monthly_budget_usd:,.2f}",
+                  "" if x.max_gpus is None else str(x.max_gpus), x.created_at.strftime("%Y-%m-%d %H:%M"))
+    render.console.print(t)
+
+
+@tenants_app.command("create")
+def tenants_create(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Tenant name (letters, digits, . _ -).")],
+    budget: Annotated[float | None, typer.Option("--budget", min=0, help="Monthly budget, USD.")] = None,
+    max_gpus: Annotated[int | None, typer.Option("--max-gpus", min=0, help="GPUs held at once, at most.")] = None,
+) -> None:
+    """Create a tenant."""
+    from pydantic import ValidationError
+
+    from broker.api.schemas import TenantCreate
+    from broker.specs import first_error
+
+    try:
+        body = TenantCreate(name=name, monthly_budget_usd=budget, max_gpus=max_gpus)
+    except ValidationError as exc:
+        raise first_error(exc) from None
+    with _store(ctx) as store:
+        tenant = store.create_tenant(Tenant(**body.model_dump()))
+    _tenants_table([tenant])
+
+
+@tenants_app.command("list")
+def tenants_list(
+    ctx: typer.Context,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List tenants and their caps."""
+    with _store(ctx) as store:
+        tenants = store.list_tenants()
+    if json_out:
+        render.print_json(tenants)
+    else:
+        _tenants_table(tenants)
+
+
+@tenants_app.command("set-budget")
+def tenants_set_budget(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Tenant name.")],
+    monthly_usd: Annotated[float | None, typer.Option("--monthly-usd", min=0, help="Monthly budget, USD.")] = None,
+    max_gpus: Annotated[int | None, typer.Option("--max-gpus", min=0, help="GPUs held at once.")] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="Remove both caps.")] = False,
+) -> None:
+    """Set a tenant's monthly budget and/or GPU cap (the router enforces them at placement)."""
+    fields: dict[str, float | int | None] = {}
+    if clear:
+        fields = {"monthly_budget_usd": None, "max_gpus": None}
+    if monthly_usd is not None:
+        fields["monthly_budget_usd"] = monthly_usd
+    if max_gpus is not None:
+        fields["max_gpus"] = max_gpus
+    if not fields:
+        from broker.errors import SpecError
+
+        raise SpecError("", "give --monthly-usd, --max-gpus or --clear")
+    with _store(ctx) as store:
+        tenant = store.update_tenant(name, **fields)
+    _tenants_table([tenant])
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def serve(
+    ctx: typer.Context,
+    host: Annotated[str | None, typer.Option("--host", help="Address to listen on (default: api.host).")] = None,
+    port: Annotated[int | None, typer.Option("--port", min=0, max=65535,
+                                             help="Port (default: api.port; 0 picks a free one).")] = None,
+) -> None:
+    """Run the HTTP API and the broker's background loops until stopped (Ctrl-C / SIGTERM)."""
+    from broker.api import serve as run_api
+
+    settings = get_ctx(ctx).settings
+    logging.getLogger().setLevel(settings.log_level.upper())
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+    def ready(url: str) -> None:
+        # One line on stdout that scripts (and the benchmark) wait for.
+        print(f"lockstep: serving on {url}", flush=True)
+
+    try:
+        asyncio.run(run_api(settings, host or settings.api.host, settings.api.port if port is None else port,
+                            ready=ready))
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(tokens_app, name="tokens")
+    app.add_typer(tenants_app, name="tenants")
+    app.command("serve")(serve)

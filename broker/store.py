@@ -63,6 +63,7 @@ from broker.tables import (
     JobEventRow,
     JobRow,
     NodeHealthRow,
+    PriceLatestRow,
     PricePointRow,
     SpikeAlertRow,
     TenantRow,
@@ -75,6 +76,7 @@ JOBS: sa.Table = JobRow.__table__  # type: ignore[attr-defined]
 EVENTS: sa.Table = JobEventRow.__table__  # type: ignore[attr-defined]
 ALLOCS: sa.Table = AllocationRow.__table__  # type: ignore[attr-defined]
 PRICES: sa.Table = PricePointRow.__table__  # type: ignore[attr-defined]
+LATEST: sa.Table = PriceLatestRow.__table__  # type: ignore[attr-defined]
 ALERTS: sa.Table = SpikeAlertRow.__table__  # type: ignore[attr-defined]
 BENCHES: sa.Table = BenchmarkRow.__table__  # type: ignore[attr-defined]
 HEALTH: sa.Table = NodeHealthRow.__table__  # type: ignore[attr-defined]
@@ -118,6 +120,21 @@ BILLING_STATES: tuple[str, ...] = (AllocationState.pending.value, AllocationStat
 TOKEN_PREFIX = "lst_"
 PRICE_BATCH = 5000
 SERIES_KEYS: tuple[str, ...] = ("provider", "market", "sku", "region", "zone", "stat")
+_MARKETS: dict[str, Market] = {m.value: m for m in Market}
+PRICE_COLS: tuple[str, ...] = (
+    "provider",
+    "market",
+    "sku",
+    "gpu",
+    "region",
+    "zone",
+    "stat",
+    "usd_per_hour",
+    "count",
+    "at",
+)
+_SQLITE_PRICE_INSERT = f"INSERT INTO price_points ({', '.join(PRICE_COLS)}) VALUES ({', '.join('?' * len(PRICE_COLS))})"
+_PG_PRICE_COPY = f"COPY price_points ({', '.join(PRICE_COLS)}) FROM STDIN"
 
 
 def _hash_token(plaintext: str) -> str:
@@ -192,7 +209,7 @@ class Store:
             with conn.begin():
                 yield conn
 
-    def migrate(self) -> None:
+    def migrate(self, revision: str = "head") -> None:
         """Bring the schema to the newest migration (``alembic upgrade head``); safe to repeat."""
         from alembic import command
         from alembic.config import Config
@@ -205,7 +222,7 @@ class Store:
                 # Two replicas starting together must not both run the migrations.
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_advisory_key("migrate"))))
             cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
+            command.upgrade(cfg, revision)
 
     @contextmanager
     def leader_lock(self, name: str) -> Iterator[bool]:
@@ -280,9 +297,7 @@ class Store:
         return out
 
     def _events_in(self, conn: Connection, job_id: str) -> list[JobEvent]:
-        rows = conn.execute(
-            sa.select(EVENTS).where(EVENTS.c.job_id == job_id).order_by(EVENTS.c.id)
-        ).mappings()
+        rows = conn.execute(sa.select(EVENTS).where(EVENTS.c.job_id == job_id).order_by(EVENTS.c.id)).mappings()
         return [self._event(r) for r in rows]
 
     def _insert_event(
@@ -343,9 +358,7 @@ class Store:
             raise ConflictError(f"job {job.id} already exists") from exc
 
     def _idem_lookup(self, conn: Connection, tenant: str, key: str, fingerprint: str) -> Job | None:
-        row = (
-            conn.execute(sa.select(IDEM).where(IDEM.c.tenant == tenant, IDEM.c.key == key)).mappings().first()
-        )
+        row = conn.execute(sa.select(IDEM).where(IDEM.c.tenant == tenant, IDEM.c.key == key)).mappings().first()
         if row is None:
             return None
         if row["fingerprint"] != fingerprint:
@@ -413,9 +426,7 @@ class Store:
         nxt = None
         if len(rows) > limit:
             last = jobs[-1]
-            nxt = base64.urlsafe_b64encode(
-                json.dumps([last.created_at.isoformat(), last.id]).encode()
-            ).decode()
+            nxt = base64.urlsafe_b64encode(json.dumps([last.created_at.isoformat(), last.id]).encode()).decode()
         return jobs, nxt
 
     @staticmethod
@@ -472,17 +483,13 @@ class Store:
             self._job_row(conn, job_id)
             return self._events_in(conn, job_id)
 
-    def claim_jobs(
-        self, worker: str, limit: int = 10, states: Sequence[JobState] = (JobState.pending,)
-    ) -> list[Job]:
+    def claim_jobs(self, worker: str, limit: int = 10, states: Sequence[JobState] = (JobState.pending,)) -> list[Job]:
         """Atomically move up to ``limit`` jobs (oldest first) to placing, claimed by ``worker``.
 
         PostgreSQL: FOR UPDATE SKIP LOCKED, so replicas never claim the same job and
         never wait on each other. SQLite: inside BEGIN IMMEDIATE (single writer).
         """
-        claimable = [
-            JobState(s).value for s in states if JobState.placing in ALLOWED_TRANSITIONS[JobState(s)]
-        ]
+        claimable = [JobState(s).value for s in states if JobState.placing in ALLOWED_TRANSITIONS[JobState(s)]]
         if not claimable or limit <= 0:
             return []
         q = (
@@ -594,26 +601,20 @@ class Store:
                 conn.execute(ALLOCS.update().where(ALLOCS.c.id == alloc_id).values(**values))
                 return self._alloc(self._alloc_row(conn, alloc_id))
         except sa.exc.IntegrityError as exc:
-            raise ConflictError(
-                f"allocation {alloc_id}: its job already holds another live allocation"
-            ) from exc
+            raise ConflictError(f"allocation {alloc_id}: its job already holds another live allocation") from exc
 
     def get_allocation(self, alloc_id: str) -> Allocation:
         with self._tx(write=False) as conn:
             return self._alloc(self._alloc_row(conn, alloc_id))
 
-    def allocations(
-        self, job_id: str | None = None, states: list[AllocationState] | None = None
-    ) -> list[Allocation]:
+    def allocations(self, job_id: str | None = None, states: list[AllocationState] | None = None) -> list[Allocation]:
         q = sa.select(ALLOCS)
         if job_id is not None:
             q = q.where(ALLOCS.c.job_id == job_id)
         if states is not None:
             q = q.where(ALLOCS.c.state.in_([AllocationState(s).value for s in states]))
         with self._tx(write=False) as conn:
-            return [
-                self._alloc(r) for r in conn.execute(q.order_by(ALLOCS.c.created_at, ALLOCS.c.id)).mappings()
-            ]
+            return [self._alloc(r) for r in conn.execute(q.order_by(ALLOCS.c.created_at, ALLOCS.c.id)).mappings()]
 
     def live_allocations(self) -> list[Allocation]:
         """Allocations that may still hold provider resources (not released, failed or succeeded)."""
@@ -638,27 +639,32 @@ class Store:
     # ------------------------------------------------------------------ prices
 
     @staticmethod
-    def _price(row: RowMapping) -> PricePoint:
+    def _price(row: Any) -> PricePoint:
+        """A PricePoint from a row of PRICE_COLS (positional: attribute access on rows is slow)."""
+        provider, market, sku, gpu, region, zone, stat, usd_per_hour, count, at = row
         return PricePoint(
-            provider=row["provider"],
-            market=row["market"],
-            sku=row["sku"],
-            gpu=row["gpu"],
-            region=row["region"],
-            zone=row["zone"],
-            usd_per_hour=row["usd_per_hour"],
-            at=row["at"],
-            stat=row["stat"],
-            count=row["count"],
+            provider=provider,
+            market=_MARKETS[market],
+            sku=sku,
+            gpu=gpu,
+            region=region,
+            zone=zone,
+            usd_per_hour=usd_per_hour,
+            at=at,
+            stat=stat,
+            count=count,
         )
 
-    def _latest_in(self, conn: Connection, series: tuple[str, ...]) -> RowMapping | None:
-        cond = [PRICES.c[k] == v for k, v in zip(SERIES_KEYS, series, strict=True)]
-        return (
-            conn.execute(sa.select(PRICES).where(*cond).order_by(PRICES.c.at.desc()).limit(1))
-            .mappings()
-            .first()
-        )
+    def _latest_many(self, conn: Connection, keys: list[tuple[str, ...]]) -> dict[tuple[str, ...], Any]:
+        """The price_latest rows of the given series, in one query per 500 series."""
+        cols = [LATEST.c[k] for k in SERIES_KEYS]
+        out: dict[tuple[str, ...], Any] = {}
+        for i in range(0, len(keys), 500):
+            chunk = keys[i : i + 500]
+            q = sa.select(*[LATEST.c[k] for k in PRICE_COLS]).where(sa.tuple_(*cols).in_(chunk))
+            for row in conn.execute(q):
+                out[(row[0], row[1], row[2], row[4], row[5], row[6])] = row
+        return out
 
     def add_price_points(self, points: list[PricePoint]) -> int:
         """Append price points; returns how many rows were stored.
@@ -667,64 +673,90 @@ class Store:
         region, zone, stat): a point no newer than the series' latest stored point
         is ignored (re-polls overlap), and a point with the same price as the point
         before it is not stored again. So a flat price is one row, not one per poll;
-        readers treat a point as valid until the next one.
+        readers treat a point as valid until the next one. Rows go in with Core
+        executemany in batches, and the series' latest point (table price_latest)
+        is upserted in the same transaction.
         """
         if not points:
             return 0
         by_series: dict[tuple[str, ...], list[PricePoint]] = {}
         for p in points:
-            key = (p.provider, Market(p.market).value, p.sku, p.region, p.zone, p.stat)
+            m = p.market
+            key = (p.provider, m.value if type(m) is Market else Market(m).value, p.sku, p.region, p.zone, p.stat)
             by_series.setdefault(key, []).append(p)
         inserted = 0
         with self._tx() as conn:
-            rows: list[dict[str, Any]] = []
+            latest = self._latest_many(conn, list(by_series))
+            rows: list[tuple[Any, ...]] = []
+            newest: list[tuple[Any, ...]] = []
             for key, series in by_series.items():
                 series.sort(key=lambda p: p.at)
-                latest = self._latest_in(conn, key)
-                last_at = latest["at"] if latest else None
-                last_price = latest["usd_per_hour"] if latest else None
+                last = latest.get(key)
+                last_at = last.at if last is not None else None
+                last_price = last.usd_per_hour if last is not None else None
+                row: tuple[Any, ...] | None = None
                 for p in series:
-                    at = _as_utc(p.at)
+                    at = p.at if p.at.tzinfo is UTC else _as_utc(p.at)
                     if last_at is not None and at <= last_at:
                         continue
                     if p.usd_per_hour == last_price:
                         continue
-                    rows.append(
-                        {
-                            "provider": key[0],
-                            "market": key[1],
-                            "sku": key[2],
-                            "gpu": p.gpu,
-                            "region": key[3],
-                            "zone": key[4],
-                            "stat": key[5],
-                            "usd_per_hour": p.usd_per_hour,
-                            "count": p.count,
-                            "at": at,
-                        }
-                    )
+                    row = (key[0], key[1], key[2], p.gpu, key[3], key[4], key[5], p.usd_per_hour, p.count, at)
+                    rows.append(row)
                     last_at, last_price = at, p.usd_per_hour
+                if row is not None:
+                    newest.append(row)
                 if len(rows) >= PRICE_BATCH:
-                    conn.execute(PRICES.insert(), rows)
-                    inserted += len(rows)
+                    inserted += self._insert_prices(conn, rows)
                     rows = []
             if rows:
-                conn.execute(PRICES.insert(), rows)
-                inserted += len(rows)
+                inserted += self._insert_prices(conn, rows)
+            if newest:
+                stmt = self._insert_fn()(LATEST)
+                stmt = stmt.on_conflict_do_update(
+                    index_elements=list(SERIES_KEYS),
+                    set_={k: stmt.excluded[k] for k in ("gpu", "usd_per_hour", "count", "at")},
+                    where=stmt.excluded.at > LATEST.c.at,  # a concurrent newer write wins
+                )
+                conn.execute(stmt, [dict(zip(PRICE_COLS, r, strict=True)) for r in newest])
         return inserted
+
+    def _insert_prices(self, conn: Connection, rows: list[tuple[Any, ...]]) -> int:
+        """Bulk insert of PRICE_COLS tuples, the fastest way each driver offers.
+
+        Going through SQLAlchemy's per-row parameter processing cost more than SQLite's
+        own insert, so: SQLite gets one driver-level executemany with timestamps already
+        in SQLAlchemy's storage format (naive UTC, microseconds); PostgreSQL gets COPY.
+        Both run inside the caller's transaction.
+        """
+        if self.is_sqlite:
+            conn.exec_driver_sql(
+                _SQLITE_PRICE_INSERT,
+                [(*r[:9], r[9].replace(tzinfo=None).isoformat(" ", "microseconds")) for r in rows],  # r[9] is UTC
+            )
+        elif self.dialect == "postgresql":
+            driver = conn.connection.driver_connection
+            with driver.cursor() as cur, cur.copy(_PG_PRICE_COPY) as copy:  # type: ignore[union-attr]
+                for r in rows:
+                    copy.write_row(r)
+        else:
+            conn.execute(PRICES.insert(), [dict(zip(PRICE_COLS, r, strict=True)) for r in rows])
+        return len(rows)
 
     def latest_price_point(
         self, provider: str, market: Market | str, sku: str, region: str, zone: str, stat: str = "price"
     ) -> PricePoint | None:
+        """The newest stored point of one series (kept even after its history is pruned)."""
+        key = (provider, Market(market).value, sku, region, zone, stat)
         with self._tx(write=False) as conn:
-            row = self._latest_in(conn, (provider, Market(market).value, sku, region, zone, stat))
-            return self._price(row) if row else None
+            row = self._latest_many(conn, [key]).get(key)
+        return self._price(row) if row is not None else None
 
     def last_seen(self, provider: str, region: str | None = None) -> datetime | None:
         """Time of the newest stored point of a provider (and region), for incremental polling."""
-        q = sa.select(sa.func.max(PRICES.c.at)).where(PRICES.c.provider == provider)
+        q = sa.select(sa.func.max(LATEST.c.at)).where(LATEST.c.provider == provider)
         if region is not None:
-            q = q.where(PRICES.c.region == region)
+            q = q.where(LATEST.c.region == region)
         with self._tx(write=False) as conn:
             value = conn.execute(q).scalar()
         if value is None:
@@ -755,7 +787,7 @@ class Store:
         limit: int | None = None,
     ) -> list[PricePoint]:
         """Stored points matching the filters, oldest first; ``limit`` keeps the newest ``limit``."""
-        q = sa.select(PRICES)
+        q = sa.select(*[PRICES.c[k] for k in PRICE_COLS])
         if gpu:
             q = q.where(PRICES.c.gpu.in_(self.gpu_names(gpu)))
         for col, value in (
@@ -778,7 +810,7 @@ class Store:
         else:
             q = q.order_by(PRICES.c.at, PRICES.c.id)
         with self._tx(write=False) as conn:
-            out = [self._price(r) for r in conn.execute(q).mappings()]
+            out = [self._price(r) for r in conn.execute(q)]
         if limit is not None:
             out.reverse()
         return out
@@ -947,20 +979,14 @@ class Store:
 
     def list_tenants(self) -> list[Tenant]:
         with self._tx(write=False) as conn:
-            return [
-                self._tenant(r) for r in conn.execute(sa.select(TENANTS).order_by(TENANTS.c.name)).mappings()
-            ]
+            return [self._tenant(r) for r in conn.execute(sa.select(TENANTS).order_by(TENANTS.c.name)).mappings()]
 
     def update_tenant(self, name: str, **fields: Any) -> Tenant:
         unknown = set(fields) - TENANT_FIELDS
         if unknown:
             raise StoreError(f"not tenant fields: {', '.join(sorted(unknown))}")
         with self._tx() as conn:
-            n = (
-                conn.execute(TENANTS.update().where(TENANTS.c.name == name).values(**fields)).rowcount
-                if fields
-                else 1
-            )
+            n = conn.execute(TENANTS.update().where(TENANTS.c.name == name).values(**fields)).rowcount if fields else 1
         if not n:
             raise NotFoundError(f"tenant {name} not found")
         return self.get_tenant(name)
@@ -1005,9 +1031,7 @@ class Store:
         if tenant is not None:
             q = q.where(TOKENS.c.tenant == tenant)
         with self._tx(write=False) as conn:
-            return [
-                self._token(r) for r in conn.execute(q.order_by(TOKENS.c.created_at, TOKENS.c.id)).mappings()
-            ]
+            return [self._token(r) for r in conn.execute(q.order_by(TOKENS.c.created_at, TOKENS.c.id)).mappings()]
 
     def revoke_token(self, token_id: str) -> None:
         with self._tx() as conn:
@@ -1063,9 +1087,7 @@ class Store:
         last update when ended; to now while live), for rent/hybrid/own advice.
         """
         now = _as_utc(now or utcnow())
-        jq = sa.select(
-            JOBS.c.id, JOBS.c.tenant, JOBS.c.state, JOBS.c.gpus, JOBS.c.spent_usd, JOBS.c.created_at
-        )
+        jq = sa.select(JOBS.c.id, JOBS.c.tenant, JOBS.c.state, JOBS.c.gpus, JOBS.c.spent_usd, JOBS.c.created_at)
         if since is not None:
             jq = jq.where(JOBS.c.created_at >= since)
         aq = sa.select(ALLOCS.c.job_id, ALLOCS.c.state, ALLOCS.c.created_at, ALLOCS.c.updated_at)
@@ -1079,9 +1101,7 @@ class Store:
             if state == AllocationState.intent.value:
                 continue  # never reached the provider
             end = now if state in LIVE_ALLOCATION_STATES else _as_utc(updated_at)
-            hours[job_id] = (
-                hours.get(job_id, 0.0) + max((end - _as_utc(created_at)).total_seconds(), 0) / 3600
-            )
+            hours[job_id] = hours.get(job_id, 0.0) + max((end - _as_utc(created_at)).total_seconds(), 0) / 3600
         return [
             {
                 "job_id": jid,

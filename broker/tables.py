@@ -86,9 +86,7 @@ class JobRow(SQLModel, table=True):
     created_at: datetime = _ts(index=True)
     updated_at: datetime = _ts(index=True)
     deadline: datetime | None = _ts(index=True, nullable=True)
-    claimed_by: str | None = Field(
-        default=None, sa_column=sa.Column(sa.String(128), nullable=True, index=True)
-    )
+    claimed_by: str | None = Field(default=None, sa_column=sa.Column(sa.String(128), nullable=True, index=True))
     claimed_at: datetime | None = _ts(nullable=True)
     attempts: int = Field(sa_column=sa.Column(sa.Integer(), nullable=False, server_default="0"))
     preemptions: int = Field(sa_column=sa.Column(sa.Integer(), nullable=False, server_default="0"))
@@ -151,11 +149,9 @@ class PricePointRow(SQLModel, table=True):
     __table_args__ = (
         # "History of one GPU model over a window": an index range scan on (gpu, at).
         sa.Index("ix_price_points_gpu_at", "gpu", "at"),
-        # The latest point of one series (dedup on ingest) and per-series queries.
+        # Per-series history (spike detection, compaction). Kept to two indexes on purpose:
+        # every index costs on bulk ingest; "latest per series" lives in price_latest.
         sa.Index("ix_price_points_series_at", "provider", "market", "sku", "region", "zone", "stat", "at"),
-        # last_seen(provider, region) and retention by time.
-        sa.Index("ix_price_points_provider_region_at", "provider", "region", "at"),
-        sa.Index("ix_price_points_at", "at"),
     )
 
     id: int | None = Field(default=None, sa_column=sa.Column(BigId, primary_key=True, autoincrement=True))
@@ -166,6 +162,24 @@ class PricePointRow(SQLModel, table=True):
     region: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, server_default=""))
     zone: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, server_default=""))
     stat: str = Field(sa_column=sa.Column(sa.String(16), nullable=False, server_default="price"))
+    usd_per_hour: float = Field(sa_column=sa.Column(sa.Float(), nullable=False))
+    count: int | None = Field(default=None, sa_column=sa.Column(sa.Integer(), nullable=True))
+    at: datetime = _ts()
+
+
+class PriceLatestRow(SQLModel, table=True):
+    """The newest stored point of each price series: dedup on ingest and last_seen in one indexed lookup."""
+
+    __tablename__ = "price_latest"
+    __table_args__ = (sa.Index("ix_price_latest_provider_region", "provider", "region"),)
+
+    provider: str = Field(sa_column=sa.Column(sa.String(64), primary_key=True))
+    market: str = Field(sa_column=sa.Column(sa.String(16), primary_key=True))
+    sku: str = Field(sa_column=sa.Column(sa.String(128), primary_key=True))
+    region: str = Field(sa_column=sa.Column(sa.String(64), primary_key=True))
+    zone: str = Field(sa_column=sa.Column(sa.String(64), primary_key=True))
+    stat: str = Field(sa_column=sa.Column(sa.String(16), primary_key=True))
+    gpu: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, server_default=""))
     usd_per_hour: float = Field(sa_column=sa.Column(sa.Float(), nullable=False))
     count: int | None = Field(default=None, sa_column=sa.Column(sa.Integer(), nullable=True))
     at: datetime = _ts()

@@ -1,0 +1,196 @@
+"""Benchmark: price-point ingest rate and 7-day history query latency (issue 8).
+
+Prints, for SQLite and PostgreSQL:
+- price points ingested per second through ``Store.add_price_points`` in batches
+  (deduplication included: every generated point is a price change, so all are stored);
+- median and p99 latency of ``Store.price_history(gpu=..., since=now-7d)`` for one GPU
+  model (a family, "H100", so three canonical models) over the stored points.
+
+Targets: ≥ 50,000 points/s into SQLite; ≤ 50 ms for the history query over 1,000,000 points.
+
+    python bench/ingest.py                 # 1,000,000 points, both backends
+    python bench/ingest.py --points 200000 --backends sqlite
+
+PostgreSQL: LOCKSTEP_BENCH_PG (a SQLAlchemy URL of an admin database) or the local
+default postgresql+psycopg://postgres@127.0.0.1:5432/test; a throw-away database is
+created and dropped. Skipped with a message when PostgreSQL is down.
+
+The data is synthetic but shaped like AWS spot history: real instance types and GPU
+models, ~2,000 series (instance type × zone) over 90 days, a random walk per series.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import sqlalchemy as sa
+
+from broker.models import Market, PricePoint
+from broker.store import Store
+
+# Real instance types and their GPUs (AWS), with on-demand-ish hourly prices as the walk's start.
+SKUS: list[tuple[str, str, float]] = [
+    ("p5.48xlarge", "H100-SXM", 98.32),
+    ("p5e.48xlarge", "H200", 110.0),
+    ("p4d.24xlarge", "A100-SXM-40GB", 32.77),
+    ("p4de.24xlarge", "A100-SXM-80GB", 40.96),
+    ("g6e.xlarge", "L40S", 1.86),
+    ("g6e.12xlarge", "L40S", 10.49),
+    ("g6.xlarge", "L4", 0.80),
+    ("g6.12xlarge", "L4", 4.60),
+    ("g5.xlarge", "A10G", 1.01),
+    ("g5.12xlarge", "A10G", 5.67),
+    ("g5.48xlarge", "A10G", 16.29),
+    ("g4dn.xlarge", "T4", 0.53),
+    ("g4dn.12xlarge", "T4", 3.91),
+    ("p3.2xlarge", "V100-16GB", 3.06),
+    ("p3dn.24xlarge", "V100-32GB", 31.21),
+]
+# Vast-style marketplace series for the other H100 models.
+VAST_GPUS: list[tuple[str, float]] = [("H100-PCIe", 2.1), ("H100-NVL", 2.6), ("H100-SXM", 2.4), ("RTX-4090", 0.4)]
+REGIONS = [f"{r}" for r in ("us-east-1", "us-east-2", "us-west-2", "eu-west-1", "eu-central-1", "ap-northeast-1")]
+
+
+def make_series() -> list[tuple[str, Market, str, str, str, str, float]]:
+    """(provider, market, sku, gpu, region, zone, start price) for ~2,000 series."""
+    out = []
+    for sku, gpu, price in SKUS:
+        for region in REGIONS:
+            for z in "abcdef":
+                for market in (Market.spot, Market.on_demand):
+                    factor = 0.35 if market is Market.spot else 1.0
+                    out.append(("aws", market, sku, gpu, region, f"{region}{z}", price * factor))
+    for gpu, price in VAST_GPUS:
+        for i in range(100):
+            out.append(("vast", Market.on_demand, f"{gpu.lower()}-{i}", gpu, "", "", price))
+    return out
+
+
+def make_points(total: int, days: int = 90, seed: int = 7) -> list[PricePoint]:
+    """``total`` points spread over ``days`` up to now, each a price change, in time order."""
+    rng = random.Random(seed)
+    series = make_series()
+    per = max(1, total // len(series))
+    end = datetime.now(UTC).replace(microsecond=0)
+    start = end - timedelta(days=days)
+    step = (end - start) / per
+    points: list[PricePoint] = []
+    for provider, market, sku, gpu, region, zone, price in series:
+        offset = timedelta(seconds=rng.uniform(0, step.total_seconds()))
+        p = price
+        for k in range(per):
+            p = round(max(0.01, p * rng.uniform(0.97, 1.03)), 4)
+            if points and points[-1].usd_per_hour == p and points[-1].sku == sku:
+                p = round(p + 0.0001, 4)  # always a change, so dedup keeps it
+            points.append(
+                PricePoint(
+                    provider=provider,
+                    market=market,
+                    sku=sku,
+                    gpu=gpu,
+                    region=region,
+                    zone=zone,
+                    usd_per_hour=p,
+                    at=start + offset + step * k,
+                )
+            )
+    points = points[:total]
+    points.sort(key=lambda x: x.at)  # arrive as a tracker would deliver them: by time
+    return points
+
+
+def ingest(store: Store, points: list[PricePoint], batch: int) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    stored = 0
+    for i in range(0, len(points), batch):
+        stored += store.add_price_points(points[i : i + batch])
+    return stored, time.perf_counter() - t0
+
+
+def query_latency(store: Store, gpu: str, runs: int) -> tuple[float, float, int]:
+    since = datetime.now(UTC) - timedelta(days=7)
+    rows = len(store.price_history(gpu=gpu, since=since))  # warm the cache once
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        store.price_history(gpu=gpu, since=since)
+        times.append((time.perf_counter() - t0) * 1000)
+    times.sort()
+    p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
+    return statistics.median(times), p99, rows
+
+
+def run(name: str, url: str, points: list[PricePoint], batch: int, gpu: str, runs: int) -> None:
+    store = Store(url)
+    try:
+        store.migrate()
+        stored, secs = ingest(store, points, batch)
+        print(
+            f"{name:10s} ingest: {stored:,} points stored in {secs:.2f} s = {stored / secs:,.0f} points/s "
+            f"(batches of {batch:,})"
+        )
+        again = store.add_price_points(points[-batch:])
+        print(f"{name:10s} re-ingest of the last batch stored {again} (dedup)")
+        med, p99, rows = query_latency(store, gpu, runs)
+        print(
+            f"{name:10s} 7-day history for {gpu!r}: {rows:,} points, median {med:.1f} ms, p99 {p99:.1f} ms "
+            f"({runs} runs over {stored:,} stored points)"
+        )
+    finally:
+        store.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--points", type=int, default=1_000_000)
+    ap.add_argument("--batch", type=int, default=10_000)
+    ap.add_argument("--gpu", default="H100")
+    ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--backends", default="sqlite,postgres")
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    points = make_points(args.points)
+    print(
+        f"generated {len(points):,} points in {len(make_series()):,} series "
+        f"({time.perf_counter() - t0:.1f} s, not counted)"
+    )
+    backends = args.backends.split(",")
+    if "sqlite" in backends:
+        with tempfile.TemporaryDirectory() as tmp:
+            run("sqlite", f"sqlite:///{tmp}/bench.db", points, args.batch, args.gpu, args.runs)
+    if "postgres" in backends:
+        admin_url = os.environ.get("LOCKSTEP_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+        try:
+            admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+            with admin.connect() as conn:
+                conn.exec_driver_sql("SELECT 1")
+        except sa.exc.OperationalError as exc:
+            print(f"postgres   skipped: {admin_url.split('@')[-1]} is not reachable ({type(exc.orig).__name__})")
+            return 0
+        db = f"lockstep_bench_{secrets.token_hex(4)}"
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{db}"')
+        try:
+            url = sa.engine.make_url(admin_url).set(database=db).render_as_string(hide_password=False)
+            run("postgres", url, points, args.batch, args.gpu, args.runs)
+        finally:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            admin.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

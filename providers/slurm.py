@@ -681,18 +681,26 @@ class _OfferBuilder:
         self.now = now
         self.node_rate = config.owned.usd_per_node_hour()
 
-    def _partition_for(self, names: Iterable[str]) -> str | None:
-        """A partition holding all these nodes: the configured one, else the default, else any."""
-        want = set(names)
-        fits = [p for p in self.partitions if want <= set(p.nodes) and "UP" in p.state]
-        if not fits:
+    def _partition_for(self, members: list[api.NodeInfo]) -> str | None:
+        """A partition holding all these nodes: the configured one, else the default, else the first.
+
+        The nodes' own partition lists win over the partitions' host lists (both are answers of the
+        same daemon, but a node's list is what the scheduler uses for it).
+        """
+        want = {n.name for n in members}
+        up = {p.name: p for p in self.partitions if "UP" in p.state or not p.state}
+        known = {p.name for p in self.partitions}
+        if all(n.partitions for n in members):
+            common = [p for p in members[0].partitions if all(p in n.partitions for n in members[1:])]
+            names = [p for p in common if p in up or p not in known]  # hidden partitions are not listed
+        else:
+            names = [p.name for p in up.values() if want <= set(p.nodes)]
+        if not names:
             return None
-        for p in fits:
-            if p.name == self.config.partition:
-                return p.name
         if self.config.partition:
-            return None  # the operator limited Lockstep to one partition
-        return next((p.name for p in fits if p.default), fits[0].name)
+            # The operator limited Lockstep to one partition.
+            return self.config.partition if self.config.partition in names else None
+        return next((n for n in names if n in up and up[n].default), names[0])
 
     def _wait(self, gpus: int, k: int, names: Iterable[str], gres_type: str) -> float:
         wait = estimate_wait_hours(
@@ -766,7 +774,7 @@ class _OfferBuilder:
             model = gpu_model(node.gpu_type, node.features)
             if model is None:
                 continue  # MIG slices and unknown models: nothing the router can price
-            partition = self._partition_for([node.name])
+            partition = self._partition_for([node])
             if partition is None:
                 continue
             traits = node_traits(node.features)
@@ -809,7 +817,7 @@ class _OfferBuilder:
                 if (model, ffeat, k, g) in seen:
                     continue
                 chosen = members[:k]
-                partition = self._partition_for(n.name for n in chosen)
+                partition = self._partition_for(chosen)
                 if partition is None:
                     continue
                 seen.add((model, ffeat, k, g))

@@ -36,8 +36,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection, Engine, RowMapping
+from sqlalchemy.pool import StaticPool
 
-from broker.errors import ConflictError, NotFoundError, StoreError
+from broker.errors import ConflictError, NotFoundError, SpecError, StoreError
 from broker.gpus import FAMILIES, GPU_SPECS
 from broker.models import (
     ALLOWED_TRANSITIONS,
@@ -156,7 +157,13 @@ def make_engine(url: str) -> Engine:
         path = sa.engine.make_url(url).database
         if path and path != ":memory:":
             Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        memory = path in (None, "", ":memory:")
+        engine = sa.create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            # An in-memory database lives in one connection: share it (tests, dry runs).
+            poolclass=StaticPool if memory else None,
+        )
 
         @sa.event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -216,7 +223,6 @@ class Store:
 
         cfg = Config()
         cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-        cfg.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
         with self._tx() as conn:
             if not self.is_sqlite:
                 # Two replicas starting together must not both run the migrations.
@@ -243,8 +249,12 @@ class Store:
                 yield got
             finally:
                 if got:
-                    conn.execute(sa.select(sa.func.pg_advisory_unlock(key)))
-                    conn.commit()
+                    try:
+                        conn.execute(sa.select(sa.func.pg_advisory_unlock(key)))
+                        conn.commit()
+                    except sa.exc.DBAPIError:
+                        # The connection died: PostgreSQL dropped the lock with the session.
+                        conn.invalidate()
 
     # ------------------------------------------------------------------ jobs: conversion
 
@@ -435,7 +445,7 @@ class Store:
             at, last_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
             return _as_utc(datetime.fromisoformat(at)), str(last_id)
         except (ValueError, TypeError) as exc:
-            raise ConflictError("invalid cursor") from exc
+            raise SpecError("cursor", "not a cursor returned by list_jobs") from exc
 
     def transition(
         self,

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from broker.errors import ConflictError, NotFoundError
+from broker.errors import ConflictError, NotFoundError, SpecError
 from broker.models import ALLOWED_TRANSITIONS, JobState, QuoteOption
 from broker.store import Store
 
@@ -190,3 +190,29 @@ def test_spec_round_trips_exactly(store: Store) -> None:
     j, _ = store.create_job(job(job_id="rt", gpus=16, colocate="cluster", fabric="infiniband",
                                 labels={"team": "llm"}, deadline_in="36h"))
     assert store.get_job("rt").spec == s == j.spec
+
+
+def test_bad_cursor_is_a_spec_error(store: Store) -> None:
+    with pytest.raises(SpecError):
+        store.list_jobs(cursor="not-a-cursor")
+
+
+def test_concurrent_same_idempotency_key_creates_one_job(store: Store) -> None:
+    other = Store(store.url)
+    results: list[tuple[str, bool]] = []
+    barrier = threading.Barrier(2)
+
+    def submit(s: Store, job_id: str) -> None:
+        barrier.wait()
+        j, created = s.create_job(job(tenant="acme", job_id=job_id), idempotency_key="race")
+        results.append((j.id, created))
+
+    threads = [threading.Thread(target=submit, args=(store, "r1")), threading.Thread(target=submit, args=(other, "r2"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    other.close()
+    assert sorted(c for _, c in results) == [False, True]
+    assert len({jid for jid, _ in results}) == 1
+    assert len(store.list_jobs(tenant="acme")[0]) == 1

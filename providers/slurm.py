@@ -233,10 +233,11 @@ def estimate_wait_hours(
 # --------------------------------------------------------------------------- comments
 
 
-def make_comment(req: LaunchRequest) -> str:
+def make_comment(req: LaunchRequest, owner: str) -> str:
+    """The job comment: who owns it and how to find it again. ``owner`` is the provider's installation."""
     return ";".join(
         [
-            f"{OWNER_TAG}={req.installation}",
+            f"{OWNER_TAG}={owner}",
             f"{JOB_TAG}={req.job_id}",
             f"{TENANT_TAG}={req.tenant}",
             f"{ATTEMPT_TAG}={req.attempt}",
@@ -428,8 +429,6 @@ class SlurmProvider(Provider):
         return None
 
     async def launch(self, req: LaunchRequest) -> Allocation:
-        if req.installation != self.installation:
-            req = req.model_copy(update={"installation": self.installation})
         spec, offer = req.spec, req.offer
         gpus_per_node = spec.gpus_per_node or self.config.gpus_per_node_default
         limit = time_limit_minutes(req, self.config.default_time_limit_min)
@@ -449,7 +448,7 @@ class SlurmProvider(Provider):
             gpus_per_node=gpus_per_node,
             gpu_type=offer.attrs.get("gres_type", ""),
             time_limit_min=limit,
-            comment=make_comment(req),
+            comment=make_comment(req, self.installation),
             partition=offer.attrs.get("partition") or self.config.partition,
             constraints="&".join(constraints) or None,
             stdout=f"/tmp/lockstep-{req.job_id}-%j.out",

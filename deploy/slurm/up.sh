@@ -44,11 +44,18 @@ alive() { # pidfile → true when it names a live process
   [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null
 }
 
+CHANGED=0
 write_if_changed() { # path, content on stdin: keep the file (and its mtime) when nothing changed
   local tmp
   tmp="$(mktemp "$1.XXXXXX")"
   cat >"$tmp"
-  if [[ -f "$1" ]] && cmp -s "$tmp" "$1"; then rm -f "$tmp"; else mv "$tmp" "$1"; chmod 644 "$1"; fi
+  if [[ -f "$1" ]] && cmp -s "$tmp" "$1"; then
+    rm -f "$tmp"
+  else
+    [[ -f "$1" ]] && CHANGED=1
+    mv "$tmp" "$1"
+    chmod 644 "$1"
+  fi
 }
 
 # ---------------------------------------------------------------- keys
@@ -140,6 +147,12 @@ PartitionName=ib Nodes=gpu-node[1-3] MaxTime=INFINITE State=UP
 EOF2
 
 # ---------------------------------------------------------------- daemons
+# Daemons started with an older configuration would keep it: restart them (only those up.sh started).
+if [[ $CHANGED -eq 1 ]] && alive "$STATE/run/slurmctld.pid"; then
+  echo "configuration changed: restarting the cluster" >&2
+  "$HERE/down.sh"
+fi
+
 MUNGE_PID="$STATE/run/munged.pid"
 if ! alive "$MUNGE_PID"; then
   munged --force --socket="$STATE/munge/munge.socket.2" --key-file="$MUNGE_KEY" \

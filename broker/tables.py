@@ -31,7 +31,8 @@ from sqlmodel import Field, SQLModel
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 # Allocation states that still hold (or may hold) provider resources.
-LIVE_ALLOCATION_STATES: tuple[str, ...] = ("intent", "pending", "running", "preempted", "unknown")
+# A preempted allocation holds nothing: the provider took it back, so it is not live.
+LIVE_ALLOCATION_STATES: tuple[str, ...] = ("intent", "pending", "running", "unknown")
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -119,8 +120,8 @@ class AllocationRow(SQLModel, table=True):
             "uq_allocations_one_live_per_job",
             "job_id",
             unique=True,
-            sqlite_where=sa.text("state IN ('intent','pending','running','preempted','unknown')"),
-            postgresql_where=sa.text("state IN ('intent','pending','running','preempted','unknown')"),
+            sqlite_where=sa.text("state IN ('intent','pending','running','unknown')"),
+            postgresql_where=sa.text("state IN ('intent','pending','running','unknown')"),
         ),
     )
 

@@ -32,7 +32,7 @@ from broker.api.schemas import (
     TokenCreate,
     TokenCreated,
 )
-from broker.errors import ConflictError
+from broker.errors import ConflictError, SpecError
 from broker.models import Job, JobSpec, Offer, PricePoint, Quote, Role, Tenant, TokenInfo
 from broker.specs import parse_spec
 
@@ -118,8 +118,8 @@ async def list_jobs(request: web.Request) -> web.Response:
     try:
         jobs, cursor = await svc.list_jobs(tenant=tenant, states=params.state, limit=params.limit,
                                            cursor=params.cursor)
-    except ConflictError:  # the store's word for a cursor it did not issue
-        raise ApiError(400, "bad_parameter", "invalid cursor", "cursor") from None
+    except (ConflictError, SpecError):  # the store's words for a cursor it did not issue
+        raise ApiError(400, "bad_parameter", "not a cursor returned by GET /v1/jobs", "cursor") from None
     return render(JobPage(jobs=jobs, next_cursor=cursor))
 
 

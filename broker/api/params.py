@@ -7,12 +7,13 @@ naming the field (400 when it is not JSON at all).
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from functools import cache
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from broker.api.errors import ApiError
 from broker.models import JobState, Market
@@ -20,6 +21,17 @@ from broker.specs import first_error
 from policies.offers import OfferFilter
 
 M = TypeVar("M", bound=BaseModel)
+_NUMBER = re.compile(r"^\s*[+-]?\d+(\.\d*)?\s*$")
+
+
+def _iso_only(value: Any) -> Any:
+    """pydantic reads '1700000000' as a Unix time; the API promises ISO 8601 only, so say so."""
+    if isinstance(value, str) and _NUMBER.match(value):
+        raise ValueError("use an ISO 8601 date-time, e.g. 2025-01-31T00:00:00Z")
+    return value
+
+
+IsoDateTime = Annotated[datetime, BeforeValidator(_iso_only)]
 
 
 class QuoteParams(BaseModel):
@@ -41,7 +53,8 @@ class JobsParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     limit: int = Field(default=50, ge=1, le=1000)
-    cursor: str | None = Field(default=None, max_length=1024, description="next_cursor of the previous page")
+    cursor: str | None = Field(default=None, max_length=512, pattern=r"^[A-Za-z0-9_=-]+$",
+                               description="next_cursor of the previous page")
     state: list[JobState] | None = Field(default=None, description="only jobs in these states")
     tenant: str | None = Field(default=None, max_length=64, description="admin only: one tenant's jobs")
 
@@ -61,8 +74,8 @@ class PriceParams(BaseModel):
     market: Market | None = None
     zone: str | None = Field(default=None, max_length=64)
     region: str | None = Field(default=None, max_length=64)
-    since: datetime | None = None
-    until: datetime | None = None
+    since: IsoDateTime | None = None
+    until: IsoDateTime | None = None
     limit: int = Field(default=1000, ge=1, le=100_000)
 
 

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from broker.market import ProviderHealth
 from broker.models import Allocation, Job, Role, TokenInfo
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+# JSON true/false are not numbers: strict, so a boolean budget is a 422 as the schema says.
+StrictUsd = Annotated[float, Strict()]
+StrictCount = Annotated[int, Strict()]
 
 
 class ErrorDetail(BaseModel):
@@ -68,8 +73,8 @@ class TenantCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=NAME_PATTERN)
-    monthly_budget_usd: float | None = Field(default=None, ge=0, le=1e12)
-    max_gpus: int | None = Field(default=None, ge=0, le=1_000_000)
+    monthly_budget_usd: StrictUsd | None = Field(default=None, ge=0, le=1e12)
+    max_gpus: StrictCount | None = Field(default=None, ge=0, le=1_000_000)
 
 
 class TenantPatch(BaseModel):
@@ -77,8 +82,8 @@ class TenantPatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    monthly_budget_usd: float | None = Field(default=None, ge=0, le=1e12)
-    max_gpus: int | None = Field(default=None, ge=0, le=1_000_000)
+    monthly_budget_usd: StrictUsd | None = Field(default=None, ge=0, le=1e12)
+    max_gpus: StrictCount | None = Field(default=None, ge=0, le=1_000_000)
 
 
 class ProvidersReport(BaseModel):

@@ -85,6 +85,7 @@ class Api:
     settings: Settings
     svc: Lockstep
     secrets: list[str] = field(default_factory=list)
+    app: web.Application | None = None
 
     def client(self, token: str | None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -156,6 +157,18 @@ def tight_api(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureR
     settings = _settings(db_url, ApiConfig(rate_per_s=0.001, burst=3))
     server, svc = _serve(settings, request)
     return Api(server.url, admin, alice, bob, db_url, settings, svc)
+
+
+@pytest.fixture(scope="session")
+def fuzz_api(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Api:
+    """A server of its own for schemathesis: the fuzzer creates, patches and revokes at random."""
+    db_url = f"sqlite:///{tmp_path_factory.mktemp('api-fuzz') / 'lockstep.db'}"
+    with open_store(db_url) as store:
+        _, admin = store.create_token("ops", Role.admin, "schemathesis")
+        _, alice = store.create_token("alpha", Role.user)
+    settings = _settings(db_url, ApiConfig(rate_per_s=100_000, burst=100_000, max_body_bytes=256 * 1024))
+    server, svc = _serve(settings, request)
+    return Api(server.url, admin, alice, "", db_url, settings, svc, app=server.app)
 
 
 def spec(name: str = "api-test", **over: object) -> dict:

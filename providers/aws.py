@@ -428,8 +428,11 @@ class AwsProvider(Provider):
         try:
             resp = await self.request(region, "run_instances", **params)
         except ProviderError:
-            if group:  # nothing runs in it: do not leave it behind
-                await self.delete_placement_group(region, group)
+            if group:  # nothing runs in it: do not leave it behind (the launch error is what matters)
+                try:
+                    await self.delete_placement_group(region, group)
+                except ProviderError as cleanup:
+                    log.warning("aws: placement group %s not removed after a failed launch: %s", group, cleanup)
             raise
         instances = resp.get("Instances") or []
         return self._allocation(req.job_id, req.attempt, provider, region, instances, offer=offer)

@@ -121,13 +121,18 @@ def write_png(path: str, groups: dict[SeriesId, list[PricePoint]], spikes: dict[
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)
+    top = 0.0
+    marked = False
     try:
         for key in _chart_keys(groups):
             pts = groups[key]
             xs, ys = _steps(pts, now)
             (line,) = ax.plot(xs, ys, linewidth=1.6, label=series_label(key))
+            top = max(top, *ys)
             for sp in spikes.get(key, []):
-                ax.axvspan(sp.start, sp.end or now, color="red", alpha=0.12, linewidth=0)
+                ax.axvspan(sp.start, sp.end or now, color="red", alpha=0.12, linewidth=0,
+                           label=None if marked else "price spike")
+                marked = True
                 ax.plot([sp.start], [sp.peak], marker="^", color="red", markersize=8)
                 ax.annotate(f"{sp.ratio:.1f}×", (sp.start, sp.peak), textcoords="offset points", xytext=(4, 6),
                             color="red", fontsize=8)
@@ -137,7 +142,7 @@ def write_png(path: str, groups: dict[SeriesId, list[PricePoint]], spikes: dict[
         ax.set_xlabel("time (UTC)")
         ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(mdates.AutoDateLocator()))
         ax.grid(True, alpha=0.3)
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)  # room above the peak for its label
         if groups:
             ax.legend(loc="upper left", fontsize=8, framealpha=0.85)
         fig.tight_layout()

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 
 from pydantic import BaseModel
 
-from broker.models import Offer, utcnow
+from broker.models import Offer, Perf, utcnow
 from policies.book import OfferBook
 from providers.base import OfferQuery, Provider
 
@@ -43,11 +43,15 @@ class Marketplace:
         timeout_s: float = 30.0,
         clock: Callable[[], datetime] = utcnow,
         on_refresh: Callable[[str, bool, float], None] | None = None,
+        perf_source: Callable[[], Awaitable[Mapping[tuple[str, str], Perf]]] | None = None,
     ) -> None:
         self.providers = dict(providers)
         self.timeout_s = timeout_s
         self.clock = clock
         self.on_refresh = on_refresh  # metrics hook: (provider, ok, seconds)
+        # Measured performance by (provider, host) or (provider, sku): beats the datasheet and priors.
+        self.perf_source = perf_source
+        self.measured: dict[tuple[str, str], Perf] = {}
         self._offers: dict[str, list[Offer]] = {name: [] for name in self.providers}
         self._health: dict[str, ProviderHealth] = {name: ProviderHealth(name=name) for name in self.providers}
         self._book: OfferBook | None = None
@@ -80,9 +84,28 @@ class Marketplace:
         """Ask every provider at once; returns their health. Concurrent callers share one refresh."""
         async with self._lock:
             await asyncio.gather(*(self._refresh_one(n, p, query) for n, p in self.providers.items()))
+            await self._load_measured()
             self.refreshed_at = self.clock()
             self._book = None
         return self.health()
+
+    async def _load_measured(self) -> None:
+        if self.perf_source is None:
+            return
+        try:
+            self.measured = dict(await self.perf_source())
+        except Exception:  # benchmarks are an improvement, never a reason to fail a refresh
+            log.exception("loading measured performance")
+
+    def _with_measured(self, o: Offer) -> Offer:
+        perf = None
+        if o.locality.host:
+            perf = self.measured.get((o.provider, o.locality.host))
+        if perf is None:
+            perf = self.measured.get((o.provider, o.sku))
+        if perf is None or (o.perf is not None and o.perf.source != "dlperf" and perf.source == "dlperf"):
+            return o
+        return o.model_copy(update={"perf": perf})
 
     def health(self) -> dict[str, ProviderHealth]:
         now = self.clock()
@@ -106,6 +129,8 @@ class Marketplace:
             for o in offers:
                 if name == "catalog" and o.provider in live:
                     continue
+                if self.measured:
+                    o = self._with_measured(o)
                 out.append(o.model_copy(update={"stale": True}) if stale and not o.stale else o)
         return out
 

@@ -27,6 +27,7 @@ from broker.models import (
     JobState,
     Market,
     Offer,
+    Perf,
     PricePoint,
     Quote,
     utcnow,
@@ -62,7 +63,8 @@ class Lockstep:
         self.clock = clock
         if providers is None:
             providers = build_providers(settings, only=only_providers)
-        self.market = Marketplace(providers, timeout_s=settings.broker.provider_timeout_s, clock=clock)
+        self.market = Marketplace(providers, timeout_s=settings.broker.provider_timeout_s, clock=clock,
+                                  perf_source=self._measured_perf)
         self._store = store
         self.quote_observer: Callable[[float], None] | None = None  # metrics hook
         self.job_submitted = asyncio.Event()  # wakes the placement loop early
@@ -146,6 +148,15 @@ class Lockstep:
     async def ensure_offers(self) -> None:
         if self.market.refreshed_at is None:
             await self.market.refresh()
+
+    async def _measured_perf(self) -> dict[tuple[str, str], Perf]:
+        """Latest stored benchmark per (provider, host or SKU), as the ranking's Perf."""
+        if self._store is None:
+            return {}
+        from policies.health import perf_from_benchmark
+
+        benches = await self.db(self._store.benchmarks)
+        return {(b.provider, b.target): perf_from_benchmark(b, b.gpu or None) for b in benches if b.healthy}
 
     def _unhealthy(self) -> dict[tuple[str, str], str]:
         if self._store is None:

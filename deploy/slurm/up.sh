@@ -150,7 +150,7 @@ EOF2
 # Daemons started with an older configuration would keep it: restart them (only those up.sh started).
 if [[ $CHANGED -eq 1 ]] && alive "$STATE/run/slurmctld.pid"; then
   echo "configuration changed: restarting the cluster" >&2
-  "$HERE/down.sh"
+  "$HERE/down.sh" --keep-jobs
 fi
 
 MUNGE_PID="$STATE/run/munged.pid"

@@ -40,7 +40,8 @@ from broker.errors import ProviderError, TransientError
 from broker.models import Market, PricePoint, utcnow
 from broker.price_summaries import market_summaries, rate_points, utilisation_points
 from broker.store import Store
-from policies.spikes import Spike, SpikeDetector
+from policies.risk import RiskKey, preemption_rates
+from policies.spikes import Spike, SpikeDetector, volatility_per_hour
 from providers.base import Provider
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,24 @@ def _alert_key(alert: dict[str, Any]) -> SeriesKey:
 
 def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def spot_volatility(store: Store, now: datetime, days: float = 7.0) -> dict[RiskKey, float]:
+    """Realised volatility per hour of each spot price series over the last ``days``, keyed (provider, zone, sku)."""
+    series: dict[RiskKey, list[tuple[datetime, float]]] = {}
+    for p in store.price_history(market=Market.spot, stat="price", since=now - timedelta(days=days)):
+        series.setdefault((p.provider, p.zone, p.sku), []).append((_utc(p.at), p.usd_per_hour))
+    return {k: volatility_per_hour(v) for k, v in series.items()}
+
+
+def load_preemption_rates(store: Store, now: datetime, days: float = 7.0) -> dict[RiskKey, float]:
+    """Preemptions per hour per (provider, zone, sku), for ``OfferBook.build(preemption_rates=...)``.
+
+    Observed preemptions of our own spot allocations over their hours, blended with a
+    prior that grows with the price volatility of the series (policies.risk). Blocking:
+    call it with ``asyncio.to_thread`` from async code.
+    """
+    return preemption_rates(store.allocations(), now, volatility=spot_volatility(store, now, days))
 
 
 class Tracker:

@@ -360,24 +360,28 @@ class SlurmProvider(Provider):
         if self._version:
             return self._version
         async with self._version_lock:
-            if self._version:
-                return self._version
-            for doc_path in api.OPENAPI_PATHS:
-                status, data = await self._once("GET", doc_path)
-                if status in (401, 403):
-                    raise_for(status, [], f"GET {doc_path}")
-                if status == 200 and isinstance(data, dict) and (v := api.pick_version(data)):
-                    self._version = v
-                    return v
-            # No OpenAPI document: probe the ping endpoints, newest first.
-            for v in api.SUPPORTED_VERSIONS:
-                status, _ = await self._once("GET", api.path(v, "ping"))
-                if status in (401, 403):
-                    raise_for(status, [], "GET ping")
-                if status == 200:
-                    self._version = v
-                    return v
-            raise BadRequestError(PROVIDER, "slurmrestd offers none of " + ", ".join(api.SUPPORTED_VERSIONS))
+            if not self._version:
+                async for attempt in self._retrying():
+                    with attempt:
+                        self._version = await self._negotiate()
+            assert self._version
+            return self._version
+
+    async def _negotiate(self) -> str:
+        for doc_path in api.OPENAPI_PATHS:
+            status, data = await self._once("GET", doc_path)
+            if status in (401, 403) or status >= 500:
+                raise_for(status, api.parse_errors(data), f"GET {doc_path}")
+            if status == 200 and isinstance(data, dict) and (v := api.pick_version(data)):
+                return v
+        # No OpenAPI document: probe the ping endpoints, newest first.
+        for v in api.SUPPORTED_VERSIONS:
+            status, data = await self._once("GET", api.path(v, "ping"))
+            if status in (401, 403) or status >= 500:
+                raise_for(status, api.parse_errors(data), "GET ping")
+            if status == 200:
+                return v
+        raise BadRequestError(PROVIDER, "slurmrestd offers none of " + ", ".join(api.SUPPORTED_VERSIONS))
 
     async def _get(self, what: str, **params: str | int) -> Any:
         v = await self.version()

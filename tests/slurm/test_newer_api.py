@@ -21,6 +21,7 @@ from aiohttp import web
 from pydantic import SecretStr
 
 from broker.config import SlurmConfig
+from broker.errors import TransientError
 from broker.models import AllocationState, JobSpec, Workload
 from providers.base import LaunchRequest
 from providers.slurm import SlurmProvider
@@ -52,6 +53,8 @@ class NewSlurm:
     submitted: list[dict[str, Any]] = field(default_factory=list)
     node_updates: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     next_id: int = 9_000_001
+    fail_nodes: int = 0  # answer GET nodes with a bare 503 this many times first
+    nodes_calls: int = 0
 
     def reply(self, body: dict[str, Any], status: int = 200) -> web.Response:
         meta = {"plugin": {"type": f"openapi/{self.version}"}, "slurm": {"release": "23.11.1"}}
@@ -73,6 +76,10 @@ class NewSlurm:
             return web.json_response(self.openapi)
 
         async def nodes(_: web.Request) -> web.Response:
+            self.nodes_calls += 1
+            if self.fail_nodes > 0:
+                self.fail_nodes -= 1
+                return web.Response(status=503, text="busy")
             return self.reply(self.nodes)
 
         async def partitions(_: web.Request) -> web.Response:
@@ -211,3 +218,21 @@ async def test_newer_api_end_to_end(new_slurm: tuple[NewSlurm, str]) -> None:
         ("n1000", {"state": ["DRAIN"], "reason": "ecc"}),
         ("n1000", {"state": ["RESUME"]}),
     ]
+
+
+async def test_transient_failures_are_retried_then_reported(new_slurm: tuple[NewSlurm, str]) -> None:
+    server, url = new_slurm
+    token = SecretStr(fake_jwt(time.time() + 3600))
+    cfg = SlurmConfig(enabled=True, url=url, token=token, max_attempts=3)
+    async with SlurmProvider(cfg) as p:
+        server.fail_nodes = 2  # two 503s, then the answer: within the bound
+        assert len(await p.nodes()) == 12
+        assert server.nodes_calls == 3
+        server.fail_nodes = 5  # more than the bound: reported as transient, after exactly 3 tries
+        with pytest.raises(TransientError):
+            await p.nodes()
+        assert server.nodes_calls == 6
+    # Nothing listens on port 1 of loopback: a connection error is transient too.
+    async with SlurmProvider(SlurmConfig(url="http://127.0.0.1:1", token=token, max_attempts=2)) as p:
+        with pytest.raises(TransientError):
+            await p.offers()

@@ -235,7 +235,10 @@ class Tracker:
             if name == "aws":
                 return await self._aws(provider, now, report)
             return await asyncio.wait_for(self._market(name, provider, now), self.settings.broker.provider_timeout_s)
-        except (ProviderError, TimeoutError, httpx.HTTPError, OSError) as exc:
+        except Exception as exc:  # one market failing must not cost the others their points
+            if not isinstance(exc, ProviderError | TimeoutError | httpx.HTTPError | OSError):
+                log.exception("tracker: %s: unexpected failure", name)
+            # Provider errors are built from status and error codes (no secrets); others only by type.
             self._error(report, name, str(exc) if isinstance(exc, ProviderError) else type(exc).__name__)
             return []
 

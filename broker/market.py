@@ -43,15 +43,16 @@ class Marketplace:
         timeout_s: float = 30.0,
         clock: Callable[[], datetime] = utcnow,
         on_refresh: Callable[[str, bool, float], None] | None = None,
-        perf_source: Callable[[], Awaitable[Mapping[tuple[str, str], Perf]]] | None = None,
+        after_refresh: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.providers = dict(providers)
         self.timeout_s = timeout_s
         self.clock = clock
         self.on_refresh = on_refresh  # metrics hook: (provider, ok, seconds)
         # Measured performance by (provider, host) or (provider, sku): beats the datasheet and priors.
-        self.perf_source = perf_source
+        # The service refreshes it (from stored benchmarks) in ``after_refresh``.
         self.measured: dict[tuple[str, str], Perf] = {}
+        self.after_refresh = after_refresh
         self._offers: dict[str, list[Offer]] = {name: [] for name in self.providers}
         self._health: dict[str, ProviderHealth] = {name: ProviderHealth(name=name) for name in self.providers}
         self._book: OfferBook | None = None
@@ -84,18 +85,14 @@ class Marketplace:
         """Ask every provider at once; returns their health. Concurrent callers share one refresh."""
         async with self._lock:
             await asyncio.gather(*(self._refresh_one(n, p, query) for n, p in self.providers.items()))
-            await self._load_measured()
+            if self.after_refresh is not None:
+                try:
+                    await self.after_refresh()
+                except Exception:  # benchmarks and risk improve quotes; they never fail a refresh
+                    log.exception("after-refresh hook")
             self.refreshed_at = self.clock()
             self._book = None
         return self.health()
-
-    async def _load_measured(self) -> None:
-        if self.perf_source is None:
-            return
-        try:
-            self.measured = dict(await self.perf_source())
-        except Exception:  # benchmarks are an improvement, never a reason to fail a refresh
-            log.exception("loading measured performance")
 
     def _with_measured(self, o: Offer) -> Offer:
         perf = None

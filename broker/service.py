@@ -27,7 +27,6 @@ from broker.models import (
     JobState,
     Market,
     Offer,
-    Perf,
     PricePoint,
     Quote,
     utcnow,
@@ -64,7 +63,7 @@ class Lockstep:
         if providers is None:
             providers = build_providers(settings, only=only_providers)
         self.market = Marketplace(providers, timeout_s=settings.broker.provider_timeout_s, clock=clock,
-                                  perf_source=self._measured_perf)
+                                  after_refresh=self._after_refresh)
         self._store = store
         self.quote_observer: Callable[[float], None] | None = None  # metrics hook
         self.job_submitted = asyncio.Event()  # wakes the placement loop early
@@ -149,14 +148,17 @@ class Lockstep:
         if self.market.refreshed_at is None:
             await self.market.refresh()
 
-    async def _measured_perf(self) -> dict[tuple[str, str], Perf]:
-        """Latest stored benchmark per (provider, host or SKU), as the ranking's Perf."""
+    async def _after_refresh(self) -> None:
+        """After each market refresh: measured performance and spot risk from the store."""
         if self._store is None:
-            return {}
+            return
+        from broker.tracker import load_preemption_rates
         from policies.health import perf_from_benchmark
 
         benches = await self.db(self._store.benchmarks)
-        return {(b.provider, b.target): perf_from_benchmark(b, b.gpu or None) for b in benches if b.healthy}
+        self.market.measured = {(b.provider, b.target): perf_from_benchmark(b, b.gpu or None)
+                                for b in benches if b.healthy}
+        self._preemption_rates = await self.db(load_preemption_rates, self._store, self.clock())
 
     def _unhealthy(self) -> dict[tuple[str, str], str]:
         if self._store is None:

@@ -74,6 +74,12 @@ def _mount_optional() -> None:
         register(app)
     except ImportError:
         pass
+    try:
+        from broker.cli.burnin import register as register_burnin
+
+        register_burnin(app)
+    except ImportError:
+        pass
 
 
 _mount_optional()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from aiobotocore.session import AioSession
 
 from broker.config import AwsConfig
 from broker.errors import CapacityError, ProviderAuthError
@@ -21,8 +22,10 @@ async def _instances(aws: AwsProvider, ids: list[str]) -> dict[str, dict]:
     return {i["InstanceId"]: i for i in found}
 
 
-async def test_offers_list_p4d_and_p5_with_efa(aws_moto: str) -> None:
-    provider = AwsProvider(moto_config(aws_moto, placement_groups=True), installation=INSTALLATION)
+async def test_offers_list_p4d_and_p5_with_efa(aws_moto: str, aws_session: AioSession) -> None:
+    provider = AwsProvider(
+        moto_config(aws_moto, placement_groups=True), installation=INSTALLATION, session=aws_session
+    )
     async with provider:
         offers = await provider.offers(OfferQuery(gpus=["A100-SXM-40GB", "H100-SXM", "H200"]))
     assert provider.region_health["us-east-1"].ok
@@ -94,8 +97,10 @@ async def test_launch_twice_with_same_job_and_attempt_buys_once(aws: AwsProvider
     assert len(live) == 4
 
 
-async def test_release_terminates_and_owned_survives_a_restart(aws_config: AwsConfig) -> None:
-    async with AwsProvider(aws_config, installation=INSTALLATION) as first:
+async def test_release_terminates_and_owned_survives_a_restart(
+    aws_config: AwsConfig, aws_session: AioSession
+) -> None:
+    async with AwsProvider(aws_config, installation=INSTALLATION, session=aws_session) as first:
         offers = await first.offers(OfferQuery(gpus=["A100-SXM-40GB"], markets=[Market.spot]))
         offer = pick(offers, "p4d.24xlarge", Market.spot)
         kept = await first.launch(launch_request(offer, 2, job_id="job-kept"))
@@ -106,21 +111,21 @@ async def test_release_terminates_and_owned_survives_a_restart(aws_config: AwsCo
         assert found[gone.resource_ids[0]]["State"]["Name"] == "terminated"
         await first.release(gone)  # idempotent
     # A new process (same installation) finds what is still held, grouped by job.
-    async with AwsProvider(aws_config, installation=INSTALLATION) as second:
+    async with AwsProvider(aws_config, installation=INSTALLATION, session=aws_session) as second:
         owned = await second.owned()
         assert [(a.job_id, sorted(a.resource_ids)) for a in owned] == [("job-kept", sorted(kept.resource_ids))]
         assert owned[0].attrs["market"] == "spot" and owned[0].zone == offer.zone
         assert owned[0].client_token == kept.client_token
         # After a restart the released-tag, not memory, tells release from preemption.
         assert (await second.poll(gone)).state is AllocationState.released
-    async with AwsProvider(aws_config, installation="someone-else") as stranger:
+    async with AwsProvider(aws_config, installation="someone-else", session=aws_session) as stranger:
         assert await stranger.owned() == []
 
 
 async def test_capacity_error_in_one_zone_through_the_proxy(
-    aws_faults: FaultProxy, aws_proxy_config: AwsConfig
+    aws_faults: FaultProxy, aws_proxy_config: AwsConfig, aws_session: AioSession
 ) -> None:
-    async with AwsProvider(aws_proxy_config, installation=INSTALLATION) as aws:
+    async with AwsProvider(aws_proxy_config, installation=INSTALLATION, session=aws_session) as aws:
         offers = await aws.offers(OfferQuery(gpus=["A100-SXM-40GB"], markets=[Market.spot]))
         zones = sorted({o.zone for o in offers if o.sku == "p4d.24xlarge"})
         assert len(zones) >= 2
@@ -136,12 +141,12 @@ async def test_capacity_error_in_one_zone_through_the_proxy(
         assert aws_faults.actions("RunInstances") == [zones[0], zones[1]]
 
 
-async def test_out_of_band_spot_termination_is_a_preemption(aws: AwsProvider) -> None:
+async def test_out_of_band_spot_termination_is_a_preemption(aws: AwsProvider, aws_session: AioSession) -> None:
     offers = await aws.offers(OfferQuery(gpus=["H100-SXM"], markets=[Market.spot]))
     alloc = await aws.launch(launch_request(pick(offers, "p5.48xlarge", Market.spot), 2))
     assert (await aws.poll(alloc)).state is AllocationState.running
     # AWS (here: another client) ends one node; Lockstep did not release it.
-    async with AwsProvider(aws.config, installation="outsider") as outsider:
+    async with AwsProvider(aws.config, installation="outsider", session=aws_session) as outsider:
         await outsider.request("us-east-1", "terminate_instances", InstanceIds=alloc.resource_ids[:1])
     status = await aws.poll(alloc)
     assert status.state is AllocationState.preempted
@@ -149,9 +154,9 @@ async def test_out_of_band_spot_termination_is_a_preemption(aws: AwsProvider) ->
 
 
 async def test_throttled_launch_is_retried_once_and_buys_once(
-    aws_faults: FaultProxy, aws_proxy_config: AwsConfig
+    aws_faults: FaultProxy, aws_proxy_config: AwsConfig, aws_session: AioSession
 ) -> None:
-    async with AwsProvider(aws_proxy_config, installation=INSTALLATION) as aws:
+    async with AwsProvider(aws_proxy_config, installation=INSTALLATION, session=aws_session) as aws:
         offers = await aws.offers(OfferQuery(gpus=["H100-SXM"], markets=[Market.spot]))
         aws_faults.fail("RunInstances", "RequestLimitExceeded", times=1)
         alloc = await aws.launch(launch_request(pick(offers, "p5.48xlarge", Market.spot), 2))
@@ -160,11 +165,11 @@ async def test_throttled_launch_is_retried_once_and_buys_once(
 
 
 async def test_a_failing_region_leaves_the_others_standing(
-    aws_faults: FaultProxy, aws_proxy_config: AwsConfig
+    aws_faults: FaultProxy, aws_proxy_config: AwsConfig, aws_session: AioSession
 ) -> None:
     config = aws_proxy_config.model_copy(update={"regions": ["us-east-1", "us-west-2"], "max_attempts": 1})
     aws_faults.fail("DescribeInstanceTypes", "Unavailable", region="us-west-2")
-    async with AwsProvider(config, installation=INSTALLATION) as aws:
+    async with AwsProvider(config, installation=INSTALLATION, session=aws_session) as aws:
         offers = await aws.offers(OfferQuery(gpus=["A100-SXM-40GB"], markets=[Market.spot]))
         assert offers and {o.region for o in offers} == {"us-east-1"}
         assert aws.region_health["us-east-1"].ok

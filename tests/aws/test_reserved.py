@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from aiobotocore.session import AioSession
 from botocore.stub import ANY
 
 from broker.config import AwsConfig, ReservedPool
@@ -101,11 +102,14 @@ async def test_reservation_in_a_cluster_group_is_offered_as_a_cluster(shared_dat
 
 
 @pytest.mark.aws
-async def test_operator_pool_launches_on_demand_and_reconciles_apart(aws_moto: str) -> None:
+async def test_operator_pool_launches_on_demand_and_reconciles_apart(
+    aws_moto: str, aws_session: AioSession
+) -> None:
     pool = ReservedPool(name="a100-plan", sku="p4d.24xlarge", region="us-east-1", zone="us-east-1b", count=3,
                         usd_per_hour=12.0)
     config: AwsConfig = moto_config(aws_moto, reserved_pools=[pool])
-    async with ReservedProvider(config, installation=INSTALLATION) as reserved:
+    shared = AwsProvider(config, installation=INSTALLATION, session=aws_session)
+    async with ReservedProvider(config, installation=INSTALLATION, aws=shared) as reserved:
         offers = await reserved.offers(OfferQuery(markets=[Market.reserved]))
         assert [(o.sku, o.zone, o.max_nodes, o.usd_per_hour) for o in offers] == [
             ("p4d.24xlarge", "us-east-1b", 3, 12.0)
@@ -116,7 +120,7 @@ async def test_operator_pool_launches_on_demand_and_reconciles_apart(aws_moto: s
         assert (await reserved.poll(alloc)).state is AllocationState.running
         assert [a.resource_ids for a in await reserved.owned()] == [alloc.resource_ids]
         # The spot/on-demand adapter does not claim the pool's instances.
-        async with AwsProvider(config, installation=INSTALLATION) as aws:
-            assert await aws.owned() == []
+        assert await shared.owned() == []
         await reserved.release(alloc)
         assert await reserved.owned() == []
+    await shared.aclose()

@@ -180,3 +180,21 @@ async def test_errors_and_repr_carry_no_credentials() -> None:
             await aws.owned()
         text = f"{err.value} {err.value!r} {aws!r}"
         assert "AKIDSTUBBED" not in text and "stubbed-secret" not in text and "AuthFailure" in text
+
+
+async def test_on_demand_instance_ended_by_aws_is_a_failure_and_pending_is_pending() -> None:
+    from broker.models import Allocation, AllocationState
+
+    ids = ["i-00000000000000001", "i-00000000000000002"]
+    alloc = Allocation(id="t", job_id="job-1", provider="aws", region="us-east-1", zone=ZONE,
+                       resource_ids=ids, attrs={"market": "on_demand"})
+    starting = [instance(i, "p4d.24xlarge", ZONE, {}, "pending") for i in ids]
+    failed = instance(ids[1], "p4d.24xlarge", ZONE, {}, "terminated",
+                      StateReason={"Code": "Server.InternalError", "Message": "internal error"})
+    async with stubbed(stub_config()) as (aws, stub):
+        params = {"Filters": [{"Name": "instance-id", "Values": ids}]}
+        stub.add_response("describe_instances", {"Reservations": [{"Instances": starting}]}, params)
+        stub.add_response("describe_instances", {"Reservations": [{"Instances": [starting[0], failed]}]}, params)
+        assert (await aws.poll(alloc)).state is AllocationState.pending
+        status = await aws.poll(alloc)
+        assert status.state is AllocationState.failed and "Server.InternalError" in status.reason

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import sys
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -94,7 +96,7 @@ def _chart_keys(groups: dict[SeriesId, list[PricePoint]]) -> list[SeriesId]:
     return sorted(groups, key=lambda k: (groups[k][-1].usd_per_hour, series_label(k)))[:CHART_SERIES]
 
 
-def terminal_chart(groups: dict[SeriesId, list[PricePoint]], now: datetime, width: int) -> str:
+def terminal_chart(groups: dict[SeriesId, list[PricePoint]], now: datetime, width: int, color: bool = False) -> str:
     import plotext as plt
 
     fig = plt.figure
@@ -109,7 +111,7 @@ def terminal_chart(groups: dict[SeriesId, list[PricePoint]], now: datetime, widt
         s.label(series_label(key))
         fig.draw(s)
     fig.title("USD per hour (UTC)")
-    return str(fig.build().string(colorless=True))
+    return str(fig.build().string(colorless=not color))
 
 
 def write_png(path: str, groups: dict[SeriesId, list[PricePoint]], spikes: dict[SeriesId, list[Spike]],
@@ -187,8 +189,8 @@ def history(
                              + (f" for {gpu}" if gpu else "") + " (run `lockstep prices track --once` first)")
         return
     try:
-        render.console.print(terminal_chart(groups, now, render.console.width or 100), markup=False,
-                             highlight=False)
+        color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")  # lines told apart by colour
+        print(terminal_chart(groups, now, render.console.width or 100, color=color), flush=True)
     except Exception as exc:  # a chart is a nicety: the table below still answers
         logging.getLogger(__name__).debug("terminal chart failed: %s", exc)
     table = Table(title=f"Prices since {start:%Y-%m-%d %H:%M} UTC")

@@ -144,6 +144,9 @@ class HealthConfig(BaseModel):
         default_factory=lambda: {"infiniband": 5.0, "efa": 30.0, "roce": 15.0, "ethernet": 200.0}
     )
     max_ecc_double_bit: int = 0
+    # Where burn-in jobs leave their probe JSON for the broker to read: any directory on a single-host
+    # cluster, a filesystem shared by the nodes and the broker on a real one. "" = <temp dir>/lockstep-burnin.
+    burnin_results_dir: str = ""
 
 
 class ApiConfig(BaseModel):

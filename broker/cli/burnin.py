@@ -1,0 +1,204 @@
+"""`lockstep burnin NODE`, `lockstep bench record FILE`, `lockstep bench list`: thin shells over broker.burnin.
+
+Bad input exits with code 2 and one readable line on stderr; a provider failure exits with 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.table import Table
+
+from broker import burnin
+from broker.cli.app import get_ctx
+from broker.cli.render import console
+from broker.config import Settings
+from broker.errors import NotFoundError, ProviderError, SpecError
+from broker.models import Benchmark, Fabric
+from broker.service import Lockstep
+
+EXIT_FAIL, EXIT_BAD_INPUT = 1, 2
+T = TypeVar("T")
+
+
+def _fail(line: str, code: int = EXIT_BAD_INPUT) -> None:
+    typer.echo(f"lockstep: {line}", err=True)
+    raise typer.Exit(code)
+
+
+def _service(settings: Settings, provider: str | None) -> Lockstep:
+    """The service with only the provider a command needs (none for store-only commands)."""
+    section = getattr(settings, provider, None) if provider else None
+    if provider and getattr(section, "enabled", False):
+        return Lockstep(settings, only_providers=[provider])
+    return Lockstep(settings, providers={})
+
+
+def _run(settings: Settings, provider: str | None, fn: Callable[[Lockstep], Awaitable[T]]) -> T:
+    async def go() -> T:
+        svc = _service(settings, provider)
+        try:
+            return await fn(svc)
+        finally:
+            await svc.aclose()
+
+    try:
+        return asyncio.run(go())
+    except (SpecError, NotFoundError) as exc:
+        _fail(str(exc))
+    except ProviderError as exc:
+        _fail(str(exc), EXIT_FAIL)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _fabric(value: str | None) -> Fabric | None:
+    if value is None:
+        return None
+    try:
+        return Fabric(value.strip().lower())
+    except ValueError:
+        _fail(f"--fabric {value!r}: use one of {', '.join(f.value for f in Fabric)}")
+    return None  # pragma: no cover
+
+
+def _doc(b: Benchmark) -> dict[str, Any]:
+    """A benchmark for --json: every figure and the verdict; the raw probe document is left out."""
+    doc = b.model_dump(mode="json", exclude={"raw"})
+    doc["source"] = b.raw.get("source", "")
+    for key in ("drain", "burnin", "fabric"):
+        if key in b.raw:
+            doc[key] = b.raw[key]
+    return doc
+
+
+def _num(x: float | None, fmt: str = "{:g}") -> str:
+    return "" if x is None else fmt.format(x)
+
+
+def _table(benches: list[Benchmark], unhealthy: dict[tuple[str, str], str]) -> None:
+    t = Table()
+    for col in ("provider", "target", "GPU", "#", "bf16 TFLOP/s", "mem GB/s", "busbw GB/s", "lat µs", "ECC DBE",
+                "measured (UTC)", "health"):
+        t.add_column(col, justify="right" if col not in ("provider", "target", "GPU", "health") else "left")
+    for b in benches:
+        health = "[green]healthy[/]" if b.healthy else f"[red]unhealthy[/]: {b.reason}"
+        t.add_row(b.provider, b.target, b.gpu, str(b.gpu_count or ""), _num(b.tflops_bf16), _num(b.mem_bw_gbps),
+                  _num(b.busbw_gbps), _num(b.allreduce_latency_us), str(b.ecc_double_bit),
+                  b.measured_at.strftime("%Y-%m-%d %H:%M"), health)
+    console.print(t)
+    for (prov, node), reason in sorted(unhealthy.items()):
+        console.print(f"[red]out of the pool[/]: {prov}/{node}: {reason}")
+
+
+def _verdict(b: Benchmark) -> None:
+    if b.healthy:
+        console.print(f"{b.provider}/{b.target}: [green]healthy[/]")
+        return
+    drain = b.raw.get("drain") or {}
+    how = "drained at the provider" if drain.get("drained") else f"not drained ({drain.get('why', '?')})"
+    console.print(f"{b.provider}/{b.target}: [red]unhealthy[/], marked out of the pool and {how}: {b.reason}")
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def burnin_command(
+    ctx: typer.Context,
+    node: Annotated[str, typer.Argument(help="Node to measure (a Slurm node name).")],
+    provider: Annotated[str, typer.Option("--provider", help="Slurm provider the node belongs to.")] = "slurm",
+    full: Annotated[bool, typer.Option("--full", help="Full-size measurements (minutes) instead of --quick.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", min=10, help="Seconds to wait for the probe job.")] = 300,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the stored benchmark as JSON.")] = False,
+) -> None:
+    """Burn a node in: run the probe there as a batch job, store the result, drain the node if unhealthy."""
+    settings = get_ctx(ctx).settings
+    if not getattr(settings, provider, None) or not getattr(getattr(settings, provider), "enabled", False):
+        _fail(f"--provider {provider}: not configured (set LOCKSTEP_SLURM_URL and LOCKSTEP_SLURM_TOKEN)")
+    b = _run(settings, provider,
+             lambda svc: burnin.burn_in(svc, provider, node, quick=not full, timeout_s=timeout))
+    if json_out:
+        typer.echo(json.dumps(_doc(b), indent=2))
+        return
+    _table([b], {})
+    _verdict(b)
+
+
+def record_command(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Argument(help="A probe JSON document, or with --nccl nccl-tests output.")],
+    provider: Annotated[str, typer.Option("--provider", help="Provider of the measured node or SKU.")],
+    target: Annotated[str, typer.Option("--target", help="Host name or SKU that was measured.")],
+    nccl: Annotated[bool, typer.Option("--nccl", help="FILE is nccl-tests output (all_reduce_perf ...).")] = False,
+    fabric: Annotated[str | None, typer.Option(
+        "--fabric", help="Fabric the run crossed (infiniband, efa, roce, ethernet): enables the latency gate.",
+    )] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the stored benchmark as JSON.")] = False,
+) -> None:
+    """Store a benchmark, judged by the health gates; an unhealthy node leaves the pool (and is drained)."""
+    fab = _fabric(fabric)
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        _fail(f"{file}: no such file")
+    except IsADirectoryError:
+        _fail(f"{file}: is a directory, not a file")
+    except OSError as exc:
+        _fail(f"{file}: cannot read ({exc.strerror or type(exc).__name__})")
+    text = data.decode("utf-8", errors="replace")
+    try:
+        bench = burnin.benchmark_from_text(text, provider, target, nccl=nccl)
+    except SpecError as exc:
+        _fail(f"{file}: {exc.reason}")
+    settings = get_ctx(ctx).settings
+    b = _run(settings, provider, lambda svc: burnin.record_benchmark(svc, bench, fabric=fab))
+    if json_out:
+        typer.echo(json.dumps(_doc(b), indent=2))
+        return
+    _verdict(b)
+
+
+def list_command(
+    ctx: typer.Context,
+    provider: Annotated[str | None, typer.Option("--provider", help="Only this provider.")] = None,
+    target: Annotated[str | None, typer.Option("--target", help="Only this host or SKU.")] = None,
+    history: Annotated[bool, typer.Option("--all", help="Every stored run, not only the latest per target.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="JSON: {benchmarks: [...], unhealthy: [...]}.")] = False,
+) -> None:
+    """Stored benchmarks (latest per provider and target) and the nodes out of the pool."""
+    settings = get_ctx(ctx).settings
+    benches, unhealthy = _run(
+        settings, None,
+        lambda svc: burnin.list_benchmarks(svc, provider=provider, target=target, latest_only=not history),
+    )
+    if json_out:
+        typer.echo(json.dumps({
+            "benchmarks": [_doc(b) for b in benches],
+            "unhealthy": [{"provider": p, "node": n, "reason": r} for (p, n), r in sorted(unhealthy.items())],
+        }, indent=2))
+        return
+    if not benches and not unhealthy:
+        console.print("no benchmarks stored (lockstep burnin NODE, or lockstep bench record FILE)")
+        return
+    _table(benches, unhealthy)
+
+
+def register(app: typer.Typer) -> None:
+    """Mount `burnin` on the root app and `record`/`list` on the `bench` group (created if absent).
+
+    Call it after the `bench` group is mounted; calling it twice changes nothing.
+    """
+    if any(c.name == "burnin" for c in app.registered_commands):
+        return
+    app.command("burnin")(burnin_command)
+    bench = next((g.typer_instance for g in app.registered_groups if g.name == "bench"), None)
+    if bench is None:
+        bench = typer.Typer(help="Benchmark results.", no_args_is_help=True, add_completion=False,
+                            pretty_exceptions_enable=False)
+        app.add_typer(bench, name="bench")
+    bench.command("record")(record_command)
+    bench.command("list")(list_command)

@@ -59,6 +59,36 @@ class UTCDateTime(TypeDecorator[datetime]):
             return value.replace(tzinfo=UTC)
         return value.astimezone(UTC)
 
+    # On SQLite, skip SQLAlchemy's regex-based DATETIME conversion: the C ``isoformat`` /
+    # ``fromisoformat`` write and read the very same text ("YYYY-MM-DD HH:MM:SS.ffffff")
+    # several times faster, which matters when reading tens of thousands of price points.
+
+    def bind_processor(self, dialect: sa.Dialect) -> Any:
+        if dialect.name != "sqlite":
+            return super().bind_processor(dialect)
+
+        def process(value: datetime | None) -> str | None:
+            if value is None:
+                return None
+            if value.tzinfo is not None:
+                value = value.astimezone(UTC).replace(tzinfo=None)
+            return value.isoformat(" ", "microseconds")
+
+        return process
+
+    def result_processor(self, dialect: sa.Dialect, coltype: Any) -> Any:
+        if dialect.name != "sqlite":
+            return super().result_processor(dialect, coltype)
+
+        def process(value: str | datetime | None) -> datetime | None:
+            if value is None:
+                return None
+            if isinstance(value, str):
+                value = datetime.fromisoformat(value)
+            return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+        return process
+
 
 def _ts(index: bool = False, nullable: bool = False) -> Any:
     return Field(sa_column=sa.Column(UTCDateTime(), nullable=nullable, index=index))

@@ -206,17 +206,31 @@ def history(
         render.console.print(f"chart written to {png}")
 
 
-def _alert_row(a: dict[str, Any]) -> dict[str, Any]:
+def _observed_peak(store: Any, a: dict[str, Any]) -> float:
+    """The highest stored price during the alert: an alert records the peak of the run that opened it,
+    and the spike may have climbed in later runs."""
+    s = a.get("series") or {}
+    try:
+        pts = store.price_history(provider=s.get("provider"), market=s.get("market") or None, sku=s.get("sku"),
+                                  region=s.get("region"), zone=s.get("zone"), stat=s.get("stat"),
+                                  since=_utc(a["start"]), until=_utc(a["end"]) if a.get("end") else None)
+    except (ValueError, KeyError):  # an alert from an older layout: keep what it says
+        return float(a["peak"])
+    return max([float(a["peak"]), *(p.usd_per_hour for p in pts)])
+
+
+def _alert_row(store: Any, a: dict[str, Any]) -> dict[str, Any]:
     s = a.get("series") or {}
     base = float(a["baseline"])
+    peak = _observed_peak(store, a)
     return {
         "id": a["id"],
         "series": s,
         "start": _utc(a["start"]).isoformat(),
         "end": _utc(a["end"]).isoformat() if a.get("end") else None,
-        "peak": float(a["peak"]),
+        "peak": peak,
         "baseline": base,
-        "ratio": round(float(a["peak"]) / base, 4) if base > 0 else None,
+        "ratio": round(peak / base, 4) if base > 0 else None,
     }
 
 
@@ -232,7 +246,7 @@ def alerts(
     start = parse_since(since, utcnow()) if since else None
     store = _open_store(ctx)
     try:
-        rows = [_alert_row(a) for a in store.alerts(open_only=open_only, since=start)]
+        rows = [_alert_row(store, a) for a in store.alerts(open_only=open_only, since=start)]
     finally:
         store.close()
     if json_out:

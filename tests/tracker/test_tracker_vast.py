@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+from broker.cli.prices import _alert_row
 from broker.config import Settings, TrackerConfig, VastConfig
 from broker.gpus import normalise_gpu
 from broker.models import Market
@@ -92,7 +93,16 @@ async def test_a_price_spike_is_stored_posted_and_cleared(
         assert {e["series"]["gpu"] for e in webhook.received} == {"RTX-4090"}
         assert all(e["ratio"] > settings.tracker.spike_multiple for e in webhook.received)
 
-        scale(vast_api, "RTX-4090", 1 / 3.0)  # back to (about) the old prices
+        scale(vast_api, "RTX-4090", 1.5)  # the spike climbs on: the same alerts stay open
+        clock.advance(minutes=5)
+        climbed = await tracker.run_once()
+        assert climbed.spikes_opened == 0 and climbed.spikes_closed == 0 and len(webhook.received) == 2
+        for a in lite_store.alerts(open_only=True):
+            # The alert keeps the peak of the run that opened it; `lockstep prices alerts` reads the climb.
+            assert a["peak"] / a["baseline"] == pytest.approx(3.0, rel=0.02)
+            assert _alert_row(lite_store, a)["ratio"] == pytest.approx(4.5, rel=0.02)
+
+        scale(vast_api, "RTX-4090", 1 / 4.5)  # back to (about) the old prices
         clock.advance(minutes=5)
         cleared = await tracker.run_once()
     assert cleared.spikes_closed == 2 and cleared.spikes_opened == 0

@@ -49,9 +49,15 @@ def parse_records(text: str, source: str = "input") -> list[SpotRecord]:
             if not isinstance(rows, list):
                 raise SpecError(source, "JSON without a SpotPriceHistory list")
             for r in rows:
-                out.append(SpotRecord(str(r["AvailabilityZone"]), str(r["InstanceType"]),
-                                      str(r.get("ProductDescription", "")), float(r["SpotPrice"]),
-                                      _ts(str(r["Timestamp"]))))
+                out.append(
+                    SpotRecord(
+                        str(r["AvailabilityZone"]),
+                        str(r["InstanceType"]),
+                        str(r.get("ProductDescription", "")),
+                        float(r["SpotPrice"]),
+                        _ts(str(r["Timestamp"])),
+                    )
+                )
         else:
             for n, row in enumerate(csv.reader(io.StringIO(text), delimiter="\t"), start=1):
                 if not row or not "".join(row).strip():

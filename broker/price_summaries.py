@@ -92,8 +92,16 @@ def rate_points(provider: str, offers: Iterable[Offer], at: datetime) -> list[Pr
         if key not in best or rate < best[key][0]:
             best[key] = (rate, o.gpu)
     return [
-        PricePoint(provider=provider, market=market, sku=sku, gpu=gpu, region=region, zone=zone,
-                   usd_per_hour=round(rate, 6), at=at)
+        PricePoint(
+            provider=provider,
+            market=market,
+            sku=sku,
+            gpu=gpu,
+            region=region,
+            zone=zone,
+            usd_per_hour=round(rate, 6),
+            at=at,
+        )
         for (market, sku, region, zone), (rate, gpu) in sorted(best.items())
     ]
 
@@ -117,7 +125,16 @@ def utilisation_points(
         t[0] += min(n.gpus_used, n.gpus_total)
         t[1] += n.gpus_total
     return [
-        PricePoint(provider=provider, market=Market.owned, sku=model, gpu=model, region=cluster,
-                   usd_per_hour=round(used / total, 4), at=at, stat=UTILISATION, count=total)
+        PricePoint(
+            provider=provider,
+            market=Market.owned,
+            sku=model,
+            gpu=model,
+            region=cluster,
+            usd_per_hour=round(used / total, 4),
+            at=at,
+            stat=UTILISATION,
+            count=total,
+        )
         for model, (used, total) in sorted(totals.items())
     ]

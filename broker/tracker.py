@@ -100,7 +100,7 @@ def _utc(value: datetime) -> datetime:
 
 
 def spot_volatility(store: Store, now: datetime, days: float = 7.0) -> dict[RiskKey, float]:
-    """Realised volatility per hour of each spot price series over the last ``days``, keyed (provider, zone, sku)."""
+    """Realised volatility per hour of each spot series over the last ``days``, by (provider, zone, sku)."""
     series: dict[RiskKey, list[tuple[datetime, float]]] = {}
     for p in store.price_history(market=Market.spot, stat="price", since=now - timedelta(days=days)):
         series.setdefault((p.provider, p.zone, p.sku), []).append((_utc(p.at), p.usd_per_hour))
@@ -211,7 +211,10 @@ class Tracker:
         self.polled.set()
         log.info(
             "tracker: %d points seen, %d stored, %d spikes opened, %d closed%s",
-            report.seen, report.stored, report.spikes_opened, report.spikes_closed,
+            report.seen,
+            report.stored,
+            report.spikes_opened,
+            report.spikes_closed,
             f", errors: {'; '.join(report.errors)}" if report.errors else "",
         )
         return report
@@ -234,7 +237,9 @@ class Tracker:
         try:
             if name == "aws":
                 return await self._aws(provider, now, report)
-            return await asyncio.wait_for(self._market(name, provider, now), self.settings.broker.provider_timeout_s)
+            return await asyncio.wait_for(
+                self._market(name, provider, now), self.settings.broker.provider_timeout_s
+            )
         except Exception as exc:  # one market failing must not cost the others their points
             if not isinstance(exc, ProviderError | TimeoutError | httpx.HTTPError | OSError):
                 log.exception("tracker: %s: unexpected failure", name)
@@ -282,18 +287,26 @@ class Tracker:
             out[k] = _utc(p.at) if p else None
         return out
 
-    def _series_points(self, key: SeriesKey, since: datetime | None, until: datetime | None,
-                       limit: int | None) -> list[tuple[datetime, float]]:
+    def _series_points(
+        self, key: SeriesKey, since: datetime | None, until: datetime | None, limit: int | None
+    ) -> list[tuple[datetime, float]]:
         pts = self.store.price_history(
-            provider=key[0], market=Market(key[1]), sku=key[2], region=key[3], zone=key[4], stat=key[5],
-            since=since, until=until, limit=limit,
+            provider=key[0],
+            market=Market(key[1]),
+            sku=key[2],
+            region=key[3],
+            zone=key[4],
+            stat=key[5],
+            since=since,
+            until=until,
+            limit=limit,
         )
         return [(_utc(p.at), p.usd_per_hour) for p in pts]
 
     def _spike_work(
         self, keys: list[SeriesKey], before: dict[SeriesKey, datetime | None], now: datetime
     ) -> list[tuple[SeriesKey, list[tuple[datetime, float]], SpikeDetector, dict[str, Any] | None]]:
-        """Per series with new points: (key, new points, a detector resumed from the store, its open alert)."""
+        """Per series with new points: (key, new points, detector resumed from the store, open alert)."""
         alerts = self.store.alerts(since=now - timedelta(days=self.cfg.retention_days))
         by_key: dict[SeriesKey, list[dict[str, Any]]] = {}
         for a in alerts:
@@ -314,20 +327,33 @@ class Tracker:
                 older = self._series_points(key, None, prev + timedelta(microseconds=1), self.cfg.window * 4)
                 spans = [(_utc(a["start"]), _utc(a["end"]) if a["end"] else None) for a in mine]
                 history = [
-                    price for at, price in older
+                    price
+                    for at, price in older
                     if not any(s <= at and (e is None or at < e) for s, e in spans)
-                ][-self.cfg.window:]
+                ][-self.cfg.window :]
             open_spike = None
             if open_alert is not None:
-                open_spike = Spike(_utc(open_alert["start"]), None, float(open_alert["peak"]),
-                                   float(open_alert["baseline"]))
-            det = SpikeDetector(self.cfg.spike_multiple, self.cfg.clear_multiple, self.cfg.window,
-                                history=history, open_spike=open_spike)
+                open_spike = Spike(
+                    _utc(open_alert["start"]), None, float(open_alert["peak"]), float(open_alert["baseline"])
+                )
+            det = SpikeDetector(
+                self.cfg.spike_multiple,
+                self.cfg.clear_multiple,
+                self.cfg.window,
+                history=history,
+                open_spike=open_spike,
+            )
             work.append((key, new, det, open_alert))
         return work
 
-    async def _detect(self, keys: list[SeriesKey], before: dict[SeriesKey, datetime | None],
-                      gpus: dict[SeriesKey, str], now: datetime, report: TrackReport) -> None:
+    async def _detect(
+        self,
+        keys: list[SeriesKey],
+        before: dict[SeriesKey, datetime | None],
+        gpus: dict[SeriesKey, str],
+        now: datetime,
+        report: TrackReport,
+    ) -> None:
         try:
             work = await asyncio.to_thread(self._spike_work, keys, before, now)
         except Exception as exc:
@@ -346,8 +372,9 @@ class Tracker:
                         report.spikes_closed += 1
                         events.append(self._event("spike_closed", series, spike, int(open_alert["id"])))
                     continue
-                alert_id = await asyncio.to_thread(self.store.add_alert, series, spike.start, spike.peak,
-                                                   spike.baseline)
+                alert_id = await asyncio.to_thread(
+                    self.store.add_alert, series, spike.start, spike.peak, spike.baseline
+                )
                 report.spikes_opened += 1
                 events.append(self._event("spike_opened", series, spike, alert_id))
                 if spike.end is not None:
@@ -357,8 +384,14 @@ class Tracker:
         for ev in events:
             log.warning(
                 "price %s: %s %s %s %s/%s: %.4f vs baseline %.4f (%.2f×)",
-                ev["event"].replace("_", " "), ev["series"]["provider"], ev["series"]["market"],
-                ev["series"]["sku"], ev["series"]["region"], ev["series"]["zone"], ev["peak"], ev["baseline"],
+                ev["event"].replace("_", " "),
+                ev["series"]["provider"],
+                ev["series"]["market"],
+                ev["series"]["sku"],
+                ev["series"]["region"],
+                ev["series"]["zone"],
+                ev["peak"],
+                ev["baseline"],
                 ev["ratio"],
             )
             if self.cfg.webhook_url and not await self._post(ev):
@@ -378,7 +411,7 @@ class Tracker:
         }
 
     async def _post(self, event: dict[str, Any]) -> bool:
-        """POST one event to the webhook; False (logged) on failure. Transient failures are retried briefly."""
+        """POST one event to the webhook; False (logged) on failure. Transient failures retry briefly."""
         assert self.cfg.webhook_url
         client = self._http or httpx.AsyncClient(timeout=10.0)
         try:

@@ -95,7 +95,7 @@ def preemption_rates(
     prior_hours: float = PRIOR_HOURS,
     volatility_weight: float = VOLATILITY_WEIGHT,
 ) -> dict[RiskKey, float]:
-    """Preemptions per allocation-hour per (provider, zone, sku), for ``OfferBook.build(preemption_rates=...)``.
+    """Preemptions per allocation-hour per (provider, zone, sku), for ``OfferBook.build(preemption_rates=)``.
 
     rate = (preempted + prior × prior_hours) / (allocation-hours + prior_hours), with
     prior = base_rate × (1 + volatility_weight × volatility of the series). With no

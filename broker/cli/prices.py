@@ -40,8 +40,9 @@ def parse_since(text: str, now: datetime) -> datetime:
     try:
         at = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
-        raise SpecError("since", f"not a duration or a date: {text!r} (use e.g. 90m, 36h, 7d or 2026-01-31)")\
-            from None
+        raise SpecError(
+            "since", f"not a duration or a date: {text!r} (use e.g. 90m, 36h, 7d or 2026-01-31)"
+        ) from None
     at = at.replace(tzinfo=UTC) if at.tzinfo is None else at
     if at > now:
         raise SpecError("since", f"{text!r} is in the future")
@@ -61,8 +62,14 @@ def _utc(at: datetime) -> datetime:
 def group_series(points: list[PricePoint]) -> dict[SeriesId, list[PricePoint]]:
     out: dict[SeriesId, list[PricePoint]] = {}
     for p in points:
-        key = (p.provider, str(p.market.value if hasattr(p.market, "value") else p.market), p.sku, p.region,
-               p.zone, p.stat)
+        key = (
+            p.provider,
+            str(p.market.value if hasattr(p.market, "value") else p.market),
+            p.sku,
+            p.region,
+            p.zone,
+            p.stat,
+        )
         out.setdefault(key, []).append(p)
     return out
 
@@ -70,10 +77,16 @@ def group_series(points: list[PricePoint]) -> dict[SeriesId, list[PricePoint]]:
 def series_label(key: SeriesId) -> str:
     provider, market, sku, region, zone, stat = key
     where = zone or region
-    return f"{provider} {market} {sku}" + (f" {where}" if where else "") + ("" if stat == "price" else f" [{stat}]")
+    return (
+        f"{provider} {market} {sku}"
+        + (f" {where}" if where else "")
+        + ("" if stat == "price" else f" [{stat}]")
+    )
 
 
-def _spikes_of(key: SeriesId, pts: list[PricePoint], multiple: float, clear: float, window: int) -> list[Spike]:
+def _spikes_of(
+    key: SeriesId, pts: list[PricePoint], multiple: float, clear: float, window: int
+) -> list[Spike]:
     if key[5] not in SPIKE_STATS:
         return []
     return detect_spikes([(_utc(p.at), p.usd_per_hour) for p in pts], multiple, clear, window)
@@ -96,7 +109,9 @@ def _chart_keys(groups: dict[SeriesId, list[PricePoint]]) -> list[SeriesId]:
     return sorted(groups, key=lambda k: (groups[k][-1].usd_per_hour, series_label(k)))[:CHART_SERIES]
 
 
-def terminal_chart(groups: dict[SeriesId, list[PricePoint]], now: datetime, width: int, color: bool = False) -> str:
+def terminal_chart(
+    groups: dict[SeriesId, list[PricePoint]], now: datetime, width: int, color: bool = False
+) -> str:
     import plotext as plt
 
     fig = plt.figure
@@ -114,8 +129,13 @@ def terminal_chart(groups: dict[SeriesId, list[PricePoint]], now: datetime, widt
     return str(fig.build().string(colorless=not color))
 
 
-def write_png(path: str, groups: dict[SeriesId, list[PricePoint]], spikes: dict[SeriesId, list[Spike]],
-              now: datetime, title: str) -> None:
+def write_png(
+    path: str,
+    groups: dict[SeriesId, list[PricePoint]],
+    spikes: dict[SeriesId, list[Spike]],
+    now: datetime,
+    title: str,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -132,12 +152,24 @@ def write_png(path: str, groups: dict[SeriesId, list[PricePoint]], spikes: dict[
             (line,) = ax.plot(xs, ys, linewidth=1.6, label=series_label(key))
             top = max(top, *ys)
             for sp in spikes.get(key, []):
-                ax.axvspan(sp.start, sp.end or now, color="red", alpha=0.12, linewidth=0,
-                           label=None if marked else "price spike")
+                ax.axvspan(
+                    sp.start,
+                    sp.end or now,
+                    color="red",
+                    alpha=0.12,
+                    linewidth=0,
+                    label=None if marked else "price spike",
+                )
                 marked = True
                 ax.plot([sp.start], [sp.peak], marker="^", color="red", markersize=8)
-                ax.annotate(f"{sp.ratio:.1f}×", (sp.start, sp.peak), textcoords="offset points", xytext=(4, 6),
-                            color="red", fontsize=8)
+                ax.annotate(
+                    f"{sp.ratio:.1f}×",
+                    (sp.start, sp.peak),
+                    textcoords="offset points",
+                    xytext=(4, 6),
+                    color="red",
+                    fontsize=8,
+                )
             ax.plot([xs[-1]], [ys[-1]], marker="o", color=line.get_color(), markersize=3)
         ax.set_title(title)
         ax.set_ylabel("USD per hour")
@@ -160,8 +192,10 @@ def history(
     since: Annotated[str, typer.Option("--since", help="How far back: 90m, 36h, 7d, or a date.")] = "7d",
     zone: Annotated[str | None, typer.Option("--zone", help="Only this zone.")] = None,
     provider: Annotated[str | None, typer.Option("--provider", help="Only this provider.")] = None,
-    stat: Annotated[str | None, typer.Option("--stat", help="price, min, p10, median or utilisation "
-                                                            "(default: price and median).")] = None,
+    stat: Annotated[
+        str | None,
+        typer.Option("--stat", help="price, min, p10, median or utilisation (default: price and median)."),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the points as JSON.")] = False,
     png: Annotated[str | None, typer.Option("--png", help="Also write a chart to this PNG file.")] = None,
 ) -> None:
@@ -178,15 +212,20 @@ def history(
         points = [p for p in points if p.stat in SPIKE_STATS]
     groups = group_series(points)
     t = settings.tracker
-    spikes = {k: _spikes_of(k, pts, t.spike_multiple, t.clear_multiple, t.window) for k, pts in groups.items()}
+    spikes = {
+        k: _spikes_of(k, pts, t.spike_multiple, t.clear_multiple, t.window) for k, pts in groups.items()
+    }
     if png:
         write_png(png, groups, spikes, now, f"{gpu or 'all GPUs'}: price since {start:%Y-%m-%d %H:%M} UTC")
     if json_out:
         render.print_json(points)
         return
     if not groups:
-        render.console.print(f"no price points since {start:%Y-%m-%d %H:%M} UTC"
-                             + (f" for {gpu}" if gpu else "") + " (run `lockstep prices track --once` first)")
+        render.console.print(
+            f"no price points since {start:%Y-%m-%d %H:%M} UTC"
+            + (f" for {gpu}" if gpu else "")
+            + " (run `lockstep prices track --once` first)"
+        )
         return
     try:
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")  # lines told apart by colour
@@ -199,8 +238,16 @@ def history(
     for key in sorted(groups, key=series_label):
         pts = groups[key]
         prices = [p.usd_per_hour for p in pts]
-        table.add_row(series_label(key), pts[-1].gpu, str(len(pts)), f"{prices[0]:.4f}", f"{prices[-1]:.4f}",
-                      f"{min(prices):.4f}", f"{max(prices):.4f}", str(len(spikes[key])) if spikes[key] else "")
+        table.add_row(
+            series_label(key),
+            pts[-1].gpu,
+            str(len(pts)),
+            f"{prices[0]:.4f}",
+            f"{prices[-1]:.4f}",
+            f"{min(prices):.4f}",
+            f"{max(prices):.4f}",
+            str(len(spikes[key])) if spikes[key] else "",
+        )
     render.console.print(table)
     if png:
         render.console.print(f"chart written to {png}")
@@ -211,9 +258,16 @@ def _observed_peak(store: Any, a: dict[str, Any]) -> float:
     and the spike may have climbed in later runs."""
     s = a.get("series") or {}
     try:
-        pts = store.price_history(provider=s.get("provider"), market=s.get("market") or None, sku=s.get("sku"),
-                                  region=s.get("region"), zone=s.get("zone"), stat=s.get("stat"),
-                                  since=_utc(a["start"]), until=_utc(a["end"]) if a.get("end") else None)
+        pts = store.price_history(
+            provider=s.get("provider"),
+            market=s.get("market") or None,
+            sku=s.get("sku"),
+            region=s.get("region"),
+            zone=s.get("zone"),
+            stat=s.get("stat"),
+            since=_utc(a["start"]),
+            until=_utc(a["end"]) if a.get("end") else None,
+        )
     except (ValueError, KeyError):  # an alert from an older layout: keep what it says
         return float(a["peak"])
     return max([float(a["peak"]), *(p.usd_per_hour for p in pts)])
@@ -238,8 +292,9 @@ def _alert_row(store: Any, a: dict[str, Any]) -> dict[str, Any]:
 def alerts(
     ctx: typer.Context,
     open_only: Annotated[bool, typer.Option("--open", help="Only spikes still open.")] = False,
-    since: Annotated[str | None, typer.Option("--since", help="Only alerts active since: 7d, 36h, a date.")]
-    = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Only alerts active since: 7d, 36h, a date.")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print alerts as JSON.")] = False,
 ) -> None:
     """Price spikes the tracker flagged, newest first."""
@@ -260,10 +315,25 @@ def alerts(
         table.add_column(col, justify="right" if col in ("id", "peak", "baseline", "ratio") else "left")
     for r in rows:
         s = r["series"]
-        label = series_label((s.get("provider", ""), s.get("market", ""), s.get("sku", ""), s.get("region", ""),
-                              s.get("zone", ""), s.get("stat", "price")))
-        table.add_row(str(r["id"]), label, r["start"][:16], (r["end"] or "open")[:16], f"{r['peak']:.4f}",
-                      f"{r['baseline']:.4f}", f"{r['ratio']:.2f}×" if r["ratio"] else "")
+        label = series_label(
+            (
+                s.get("provider", ""),
+                s.get("market", ""),
+                s.get("sku", ""),
+                s.get("region", ""),
+                s.get("zone", ""),
+                s.get("stat", "price"),
+            )
+        )
+        table.add_row(
+            str(r["id"]),
+            label,
+            r["start"][:16],
+            (r["end"] or "open")[:16],
+            f"{r['peak']:.4f}",
+            f"{r['baseline']:.4f}",
+            f"{r['ratio']:.2f}×" if r["ratio"] else "",
+        )
     render.console.print(table)
 
 
@@ -327,22 +397,26 @@ def _report_table(report: Any) -> None:
     render.console.print(table)
     render.console.print(
         f"spikes opened {report.spikes_opened}, closed {report.spikes_closed}; pruned {report.pruned}, "
-        f"compacted {report.compacted}" + (f"; webhook failures {report.webhook_failures}"
-                                           if report.webhook_failures else "")
+        f"compacted {report.compacted}"
+        + (f"; webhook failures {report.webhook_failures}" if report.webhook_failures else "")
     )
 
 
 @app.command("replay")
 def replay_cmd(
     ctx: typer.Context,
-    file: Annotated[str, typer.Argument(help="DescribeSpotPriceHistory JSON, or a TSV of "
-                                             "AZ, type, product, price, time.")],
-    multiple: Annotated[float | None, typer.Option("--multiple", help="Spike threshold (default: "
-                                                                      "tracker.spike_multiple).")] = None,
-    clear: Annotated[float | None, typer.Option("--clear", help="Clear threshold (default: "
-                                                                "tracker.clear_multiple).")] = None,
-    window: Annotated[int | None, typer.Option("--window", min=1, help="Baseline points (default: "
-                                                                       "tracker.window).")] = None,
+    file: Annotated[
+        str, typer.Argument(help="DescribeSpotPriceHistory JSON, or a TSV of AZ, type, product, price, time.")
+    ],
+    multiple: Annotated[
+        float | None, typer.Option("--multiple", help="Spike threshold (default: tracker.spike_multiple).")
+    ] = None,
+    clear: Annotated[
+        float | None, typer.Option("--clear", help="Clear threshold (default: tracker.clear_multiple).")
+    ] = None,
+    window: Annotated[
+        int | None, typer.Option("--window", min=1, help="Baseline points (default: tracker.window).")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the spikes as a JSON list.")] = False,
 ) -> None:
     """Replay recorded spot prices through the spike rule and print the spikes it flags."""
@@ -359,8 +433,10 @@ def replay_cmd(
         render.print_json(spikes)
         return
     series = {(r.zone, r.sku, r.product) for r in records}
-    render.console.print(f"{len(records)} records, {len(series)} series; rule: price > {m:g}× trailing median "
-                         f"of {window or t.window} points, clears below {c:g}×")
+    render.console.print(
+        f"{len(records)} records, {len(series)} series; rule: price > {m:g}× trailing median "
+        f"of {window or t.window} points, clears below {c:g}×"
+    )
     if not spikes:
         render.console.print("no spikes flagged")
         return
@@ -368,8 +444,16 @@ def replay_cmd(
     for col in ("zone", "type", "product", "start", "end", "peak", "baseline", "ratio"):
         table.add_column(col, justify="right" if col in ("peak", "baseline", "ratio") else "left")
     for s in spikes:
-        table.add_row(s["series"]["zone"], s["series"]["sku"], s["series"]["product"], s["start"][:19],
-                      (s["end"] or "open")[:19], f"{s['peak']:.4f}", f"{s['baseline']:.4f}", f"{s['ratio']:.2f}×")
+        table.add_row(
+            s["series"]["zone"],
+            s["series"]["sku"],
+            s["series"]["product"],
+            s["start"][:19],
+            (s["end"] or "open")[:19],
+            f"{s['peak']:.4f}",
+            f"{s['baseline']:.4f}",
+            f"{s['ratio']:.2f}×",
+        )
     render.console.print(table)
 
 

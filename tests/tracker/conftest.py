@@ -84,7 +84,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def lite_store(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Store]:
-    """A migrated SQLite store (a copy of the session's template): for tests where the backend does not matter."""
+    """A migrated SQLite store (a copy of the session template), where the backend does not matter."""
     template = request.getfixturevalue("_sqlite_template")
     path = tmp_path / "lockstep.db"
     shutil.copyfile(template, path)

@@ -1,4 +1,4 @@
-"""The real `lockstep prices` commands, run as a user would (a subprocess), against a local store and Vast server."""
+"""The real `lockstep prices` commands, as a user runs them, against a local store and Vast server."""
 
 from __future__ import annotations
 
@@ -25,16 +25,23 @@ async def lockstep(*args: str, db: Path, env: dict[str, str] | None = None) -> t
     base.update({"LOCKSTEP_DB": f"sqlite:///{db}", "LOCKSTEP_CATALOG__ENABLED": "false", "NO_COLOR": "1"})
     base.update(env or {})
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "broker", *args, cwd=ROOT, env=base,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "broker",
+        *args,
+        cwd=ROOT,
+        env=base,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 
 
-def run_main(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, db: Path,
-             *args: str) -> tuple[int, str, str]:
+def run_main(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, db: Path, *args: str
+) -> tuple[int, str, str]:
     """The CLI entry point in-process (no server involved): exit code, stdout, stderr."""
     monkeypatch.setenv("LOCKSTEP_DB", f"sqlite:///{db}")
     with pytest.raises(SystemExit) as exc:
@@ -48,16 +55,30 @@ def test_replay_of_the_real_records(shared_data: Path, tmp_path: Path, capsys, m
     rc, out, err = run_main(capsys, monkeypatch, db, "prices", "replay", str(shared_data / TSV))
     assert rc == 0, err
     assert "1594 records, 1572 series" in out and "no spikes flagged" in out
-    rc, out, err = run_main(capsys, monkeypatch, db, "prices", "replay", str(shared_data / TSV), "--multiple",
-                            "1.01", "--clear", "1.005", "--json")
+    rc, out, err = run_main(
+        capsys,
+        monkeypatch,
+        db,
+        "prices",
+        "replay",
+        str(shared_data / TSV),
+        "--multiple",
+        "1.01",
+        "--clear",
+        "1.005",
+        "--json",
+    )
     assert rc == 0, err
     assert [(s["series"]["zone"], s["series"]["sku"], s["peak"]) for s in json.loads(out)] == [
-        ("cac1-az1", "g4ad.4xlarge", 1.6885)]
+        ("cac1-az1", "g4ad.4xlarge", 1.6885)
+    ]
 
 
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
     db = tmp_path / "l.db"
-    rc, _, err = run_main(capsys, monkeypatch, db, "prices", "history", "--gpu", "H100", "--since", "last tuesday")
+    rc, _, err = run_main(
+        capsys, monkeypatch, db, "prices", "history", "--gpu", "H100", "--since", "last tuesday"
+    )
     assert rc == 2 and err.strip().count("\n") == 0 and err.startswith("lockstep: since:")
     rc, _, err = run_main(capsys, monkeypatch, db, "prices", "replay", str(tmp_path / "absent.json"))
     assert rc == 2 and "absent.json" in err and "Traceback" not in err
@@ -69,13 +90,15 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys, monkeypatch) ->
     assert rc == 2 and err.startswith("lockstep: multiple:")
 
 
-async def test_track_once_then_history_chart_and_alerts(
-    tmp_path: Path, vast_api: VastApiServer
-) -> None:
+async def test_track_once_then_history_chart_and_alerts(tmp_path: Path, vast_api: VastApiServer) -> None:
     db = tmp_path / "l.db"
-    env = {"LOCKSTEP_VAST_URL": vast_api.url, "LOCKSTEP_VAST_API_KEY": VAST_TEST_KEY,
-           "LOCKSTEP_VAST__SEARCH_LIMIT": "1000", "LOCKSTEP_VAST__VERIFIED_ONLY": "false",
-           "LOCKSTEP_VAST__MIN_RELIABILITY": "0"}
+    env = {
+        "LOCKSTEP_VAST_URL": vast_api.url,
+        "LOCKSTEP_VAST_API_KEY": VAST_TEST_KEY,
+        "LOCKSTEP_VAST__SEARCH_LIMIT": "1000",
+        "LOCKSTEP_VAST__VERIFIED_ONLY": "false",
+        "LOCKSTEP_VAST__MIN_RELIABILITY": "0",
+    }
     rc, out, err = await lockstep("prices", "track", "--once", "--json", db=db, env=env)
     assert rc == 0, err
     report = json.loads(out)
@@ -94,8 +117,9 @@ async def test_track_once_then_history_chart_and_alerts(
     assert all(a["series"]["gpu"] == "RTX-4090" and a["end"] is None and a["ratio"] > 2.9 for a in alerts)
 
     png = tmp_path / "h.png"
-    rc, out, err = await lockstep("prices", "history", "--gpu", "RTX-4090", "--since", "1d", "--png", str(png),
-                                  db=db)
+    rc, out, err = await lockstep(
+        "prices", "history", "--gpu", "RTX-4090", "--since", "1d", "--png", str(png), db=db
+    )
     assert rc == 0, err
     assert "vast on_demand RTX-4090/gpu [median]" in out and "chart written to" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

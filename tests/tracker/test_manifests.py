@@ -1,4 +1,4 @@
-"""The Kubernetes manifests of the tracker: they parse, agree with each other, and carry a valid configuration."""
+"""The tracker's Kubernetes manifests: they parse, agree with each other, carry a valid configuration."""
 
 from __future__ import annotations
 

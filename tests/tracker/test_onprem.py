@@ -27,7 +27,9 @@ def test_utilisation_from_a_real_slurm_23_11_nodes_answer(shared_data: Path) -> 
     assert set(points) == {"A100-PCIe-80GB", "H100-SXM"}
     assert points["A100-PCIe-80GB"].usd_per_hour == 1.0 and points["A100-PCIe-80GB"].count == 1
     assert points["H100-SXM"].usd_per_hour == 0.0 and points["H100-SXM"].count == 8
-    assert all(p.stat == "utilisation" and p.market == Market.owned and p.region == "hpc" for p in points.values())
+    assert all(
+        p.stat == "utilisation" and p.market == Market.owned and p.region == "hpc" for p in points.values()
+    )
 
 
 def test_percentile_matches_numpy() -> None:
@@ -39,18 +41,31 @@ def test_percentile_matches_numpy() -> None:
 
 
 def offer(market: Market, sku: str, gpus: int, price: float, **attrs: str) -> Offer:
-    return Offer(id=f"{sku}-{gpus}-{price}", provider="p", market=market, sku=sku, gpu="H100-SXM", gpu_count=gpus,
-                 usd_per_hour=price, locality=Locality(provider="p", region="r", zone="z"), attrs=attrs)
+    return Offer(
+        id=f"{sku}-{gpus}-{price}",
+        provider="p",
+        market=market,
+        sku=sku,
+        gpu="H100-SXM",
+        gpu_count=gpus,
+        usd_per_hour=price,
+        locality=Locality(provider="p", region="r", zone="z"),
+        attrs=attrs,
+    )
 
 
 def test_owned_rate_is_the_whole_node_rate_whatever_part_is_free() -> None:
-    offers = [offer(Market.owned, "h100x8", 2, 5.0, configured_gpus="8"),  # 2 free GPUs of an 8-GPU node
-              offer(Market.owned, "h100x8", 8, 20.0, configured_gpus="8"),
-              offer(Market.reserved, "p5.48xlarge", 8, 0.0),
-              offer(Market.spot, "p5.48xlarge", 8, 30.0)]  # a market price, not a rate
+    offers = [
+        offer(Market.owned, "h100x8", 2, 5.0, configured_gpus="8"),  # 2 free GPUs of an 8-GPU node
+        offer(Market.owned, "h100x8", 8, 20.0, configured_gpus="8"),
+        offer(Market.reserved, "p5.48xlarge", 8, 0.0),
+        offer(Market.spot, "p5.48xlarge", 8, 30.0),
+    ]  # a market price, not a rate
     points = rate_points("p", offers, AT)
     assert sorted((p.market.value, p.sku, p.usd_per_hour) for p in points) == [
-        ("owned", "h100x8", 20.0), ("reserved", "p5.48xlarge", 0.0)]
+        ("owned", "h100x8", 20.0),
+        ("reserved", "p5.48xlarge", 0.0),
+    ]
     # Summaries take only the market offers, per GPU: 30 / 8.
     mn, p10, med = market_summaries("p", offers, AT)
     assert (p10.stat, p10.usd_per_hour, med.stat, med.usd_per_hour) == ("p10", 3.75, "median", 3.75)
@@ -64,7 +79,9 @@ async def test_tracker_records_owned_rates_and_utilisation_of_the_local_cluster(
 
     async with SlurmProvider(slurm_config) as slurm:
         nodes = await slurm.nodes()
-        report = await Tracker(Settings(slurm=slurm_config), lite_store, {"slurm": slurm}, clock=clock).run_once()
+        report = await Tracker(
+            Settings(slurm=slurm_config), lite_store, {"slurm": slurm}, clock=clock
+        ).run_once()
     assert report.errors == []
     util = lite_store.price_history(provider="slurm", stat="utilisation")
     totals: dict[str, int] = {}

@@ -1,4 +1,4 @@
-"""Interruption risk: real spot traces → preemptions per hour; allocations → per (provider, zone, sku) rates."""
+"""Interruption risk: real spot traces → preemptions per hour; allocations → per-zone rates."""
 
 from __future__ import annotations
 
@@ -34,8 +34,10 @@ def test_gcp_c3_trace_that_never_lost_its_instance_has_rate_zero(shared_data: Pa
 def test_every_real_trace_gives_a_finite_rate_and_aws_v100_is_riskier_than_gcp_c3(shared_data: Path) -> None:
     files = sorted((shared_data / "spot").glob("*/1-node/*/*.json"))
     assert len(files) == 19
-    rates = {f.relative_to(shared_data / "spot").as_posix(): trace_preemption_rate(json.loads(f.read_text()))
-             for f in files}
+    rates = {
+        f.relative_to(shared_data / "spot").as_posix(): trace_preemption_rate(json.loads(f.read_text()))
+        for f in files
+    }
     assert all(0.0 <= r.per_hour < 2.0 for r in rates.values())
     aws_v100 = [r.per_hour for k, r in rates.items() if "aws-04-22-2023" in k]
     gcp = [r.per_hour for k, r in rates.items() if "gcp-04-30-2023" in k]
@@ -54,12 +56,27 @@ def test_trace_without_gap_is_refused() -> None:
 NOW = datetime(2026, 1, 10, tzinfo=UTC)
 
 
-def alloc(i: int, state: AllocationState, hours: float, zone: str = "us-east-1a", sku: str = "p4d.24xlarge",
-          market: str = "spot") -> Allocation:
+def alloc(
+    i: int,
+    state: AllocationState,
+    hours: float,
+    zone: str = "us-east-1a",
+    sku: str = "p4d.24xlarge",
+    market: str = "spot",
+) -> Allocation:
     start = NOW - timedelta(hours=100)
-    return Allocation(id=f"a{i}", job_id=f"j{i}", provider="aws", state=state, zone=zone, region="us-east-1",
-                      created_at=start, updated_at=start + timedelta(hours=hours),
-                      offer_id=f"aws:{market}:us-east-1:{zone}:{sku}", attrs={"instance_type": sku, "market": market})
+    return Allocation(
+        id=f"a{i}",
+        job_id=f"j{i}",
+        provider="aws",
+        state=state,
+        zone=zone,
+        region="us-east-1",
+        created_at=start,
+        updated_at=start + timedelta(hours=hours),
+        offer_id=f"aws:{market}:us-east-1:{zone}:{sku}",
+        attrs={"instance_type": sku, "market": market},
+    )
 
 
 def test_preemption_rates_blend_observations_with_the_prior() -> None:
@@ -87,9 +104,17 @@ def test_volatile_series_get_a_higher_prior() -> None:
 def test_rates_feed_the_offer_book() -> None:
     from broker.models import Locality, Market, Offer
 
-    offer = Offer(id="x", provider="aws", market=Market.spot, sku="p4d.24xlarge", gpu="A100-SXM-40GB",
-                  gpu_count=8, usd_per_hour=10.0, interruptible=True,
-                  locality=Locality(provider="aws", region="us-east-1", zone="us-east-1a"))
+    offer = Offer(
+        id="x",
+        provider="aws",
+        market=Market.spot,
+        sku="p4d.24xlarge",
+        gpu="A100-SXM-40GB",
+        gpu_count=8,
+        usd_per_hour=10.0,
+        interruptible=True,
+        locality=Locality(provider="aws", region="us-east-1", zone="us-east-1a"),
+    )
     rates = preemption_rates([alloc(1, AllocationState.preempted, 1)], NOW)
     book = OfferBook.build([offer], preemption_rates=rates)
     assert book.cols["preempt_rate"][0] == pytest.approx(rates[("aws", "us-east-1a", "p4d.24xlarge")])

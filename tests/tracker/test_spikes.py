@@ -21,7 +21,9 @@ def hourly(prices: list[float]) -> list[tuple[datetime, float]]:
 def test_spike_opens_above_multiple_and_clears_below_clear_multiple() -> None:
     # baseline 1.0; 1.6 > 1.5×1.0 opens; 1.3 is above 1.2× so it stays open; 1.1 clears it.
     spikes = detect_spikes(hourly([1.0, 1.0, 1.0, 1.6, 2.4, 1.3, 1.1, 1.0]), 1.5, 1.2, 12)
-    assert spikes == [Spike(start=T0 + timedelta(hours=3), end=T0 + timedelta(hours=6), peak=2.4, baseline=1.0)]
+    assert spikes == [
+        Spike(start=T0 + timedelta(hours=3), end=T0 + timedelta(hours=6), peak=2.4, baseline=1.0)
+    ]
     assert spikes[0].ratio == pytest.approx(2.4)
 
 
@@ -114,7 +116,9 @@ def test_replay_of_the_real_records_flags_nothing_at_the_default_rule(real_recor
 def test_replay_flags_exactly_the_series_that_rose_beyond_a_tight_rule(real_records: list) -> None:
     # With a 1% rule the one series that rose more than 1% is flagged, and none of the flat or falling ones.
     spikes = replay(real_records, 1.01, 1.005, 12)
-    assert [s["series"] for s in spikes] == [{"zone": "cac1-az1", "sku": "g4ad.4xlarge", "product": "Windows"}]
+    assert [s["series"] for s in spikes] == [
+        {"zone": "cac1-az1", "sku": "g4ad.4xlarge", "product": "Windows"}
+    ]
     (s,) = spikes
     assert s["baseline"] == 1.6639 and s["peak"] == 1.6885 and s["end"] is None
     assert s["start"] == "2022-05-31T23:50:33+00:00"

@@ -79,7 +79,9 @@ async def test_a_refused_region_is_reported_and_does_not_stop_the_run(
     aws_faults.fail("DescribeSpotPriceHistory", "UnauthorizedOperation")
     aws = AwsProvider(aws_proxy_config)
     try:
-        report = await Tracker(settings_for(aws_proxy_config), lite_store, {"aws": aws}, clock=clock).run_once()
+        report = await Tracker(
+            settings_for(aws_proxy_config), lite_store, {"aws": aws}, clock=clock
+        ).run_once()
     finally:
         await aws.aclose()
     assert report.sources["aws"].seen == 0 and report.sources["aws"].stored == 0

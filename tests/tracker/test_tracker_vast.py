@@ -1,4 +1,4 @@
-"""The tracker against the local Vast-API server: per-model summaries, spikes, the webhook, the leader lock."""
+"""The tracker against the local Vast-API server: per-model summaries, spikes, webhook, leader lock."""
 
 from __future__ import annotations
 
@@ -45,10 +45,16 @@ async def test_per_model_summaries_are_stored(
     for model, n in expected_models.items():
         # Every ask of the model was counted, and the figures are per GPU-hour of its offers.
         assert on_demand[(model, "median")].count == n
-        per_gpu = sorted(o.usd_per_gpu_hour for o in offers if o.gpu == model and o.market == Market.on_demand)
-        assert on_demand[(model, "median")].usd_per_hour == pytest.approx(statistics.median(per_gpu), abs=1e-6)
+        per_gpu = sorted(
+            o.usd_per_gpu_hour for o in offers if o.gpu == model and o.market == Market.on_demand
+        )
+        assert on_demand[(model, "median")].usd_per_hour == pytest.approx(
+            statistics.median(per_gpu), abs=1e-6
+        )
         assert on_demand[(model, "min")].usd_per_hour == pytest.approx(per_gpu[0], abs=1e-6)
-        assert per_gpu[0] <= on_demand[(model, "p10")].usd_per_hour <= on_demand[(model, "median")].usd_per_hour
+        assert (
+            per_gpu[0] <= on_demand[(model, "p10")].usd_per_hour <= on_demand[(model, "median")].usd_per_hour
+        )
     h100 = on_demand[("H100-SXM", "median")].usd_per_hour
     assert h100 > on_demand[("RTX-4090", "median")].usd_per_hour  # a sanity check on the market itself
 
@@ -86,7 +92,9 @@ async def test_a_price_spike_is_stored_posted_and_cleared(
         assert spiked.spikes_opened == 2 and spiked.spikes_closed == 0  # on-demand and bid medians
         opened = lite_store.alerts(open_only=True)
         assert {(a["series"]["market"], a["series"]["sku"], a["series"]["stat"]) for a in opened} == {
-            ("on_demand", "RTX-4090/gpu", "median"), ("spot", "RTX-4090/gpu", "median")}
+            ("on_demand", "RTX-4090/gpu", "median"),
+            ("spot", "RTX-4090/gpu", "median"),
+        }
         for a in opened:
             assert a["peak"] / a["baseline"] == pytest.approx(3.0, rel=0.02)
         assert [e["event"] for e in webhook.received] == ["spike_opened", "spike_opened"]

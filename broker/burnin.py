@@ -213,9 +213,11 @@ def burnin_command(command: str, *, result_dir: str, stem: str, quick: bool = Tr
     """The user's ``command`` with the probe run first: burn-in as the first step of an allocation.
 
     The probe's failure does not stop the user's command; the broker judges the result it left
-    (:func:`collect_burnin`) and pulls the node if it is unhealthy.
+    (:func:`collect_burnin`) and pulls the node if it is unhealthy. An empty command holds the
+    allocation (``sleep`` until the time limit), as a job without a command does on Slurm. The probe
+    runs on the batch host, the first node of the allocation.
     """
-    return probe_script(result_dir, stem, quick=quick) + "\n" + command
+    return probe_script(result_dir, stem, quick=quick) + "\n" + (command.strip() or "exec sleep infinity")
 
 
 async def collect_burnin(svc: Lockstep, provider: str, stem: str) -> list[Benchmark]:

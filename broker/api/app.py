@@ -94,7 +94,8 @@ async def start_server(app: web.Application, host: str, port: int) -> tuple[web.
     return runner, f"http://{host}:{bound}"
 
 
-async def serve(settings: Settings, host: str, port: int, *, ready: Callable[[str], None] | None = None) -> None:
+async def serve(settings: Settings, host: str, port: int, *,
+                ready: Callable[[str], None] | None = None) -> None:
     """Run the API and the broker loops until cancelled (Ctrl-C, SIGTERM)."""
     app = create_app(Lockstep(settings))
     runner, url = await start_server(app, host, port)

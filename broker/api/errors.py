@@ -76,7 +76,8 @@ def from_lockstep(exc: LockstepError) -> ApiError:
 
 def from_http(exc: web.HTTPException) -> ApiError:
     status = exc.status
-    headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after", "www-authenticate")}
+    kept = ("allow", "retry-after", "www-authenticate")
+    headers = {k: v for k, v in exc.headers.items() if k.lower() in kept}
     message = exc.reason
     if status == 413:
         message = "request body too large"

@@ -17,8 +17,16 @@ from pydantic import BaseModel
 from broker.api.errors import ApiError
 from broker.api.keys import AUTH, METRICS, OPENAPI, SERVICE, TOKENS
 from broker.api.metrics import CONTENT_TYPE, store_counts, store_ping
-from broker.api.params import JobsParams, OfferParams, PriceParams, QuoteParams, TokensParams, parse_body, \
-    parse_query, read_json
+from broker.api.params import (
+    JobsParams,
+    OfferParams,
+    PriceParams,
+    QuoteParams,
+    TokensParams,
+    parse_body,
+    parse_query,
+    read_json,
+)
 from broker.api.schemas import (
     DrainRequest,
     DrainResult,
@@ -289,8 +297,8 @@ _IDEM_PARAM = {
 }
 
 ROUTES: tuple[Route, ...] = (
-    Route("POST", "/v1/quotes", post_quote, "Rank offers for a job spec, with reasons for rejections", "quotes",
-          {200: Quote}, body=JobSpec, query=QuoteParams),
+    Route("POST", "/v1/quotes", post_quote, "Rank offers for a job spec, with reasons for rejections",
+          "quotes", {200: Quote}, body=JobSpec, query=QuoteParams),
     Route("GET", "/v1/offers", get_offers, "The offer book, cheapest per GPU-hour first", "quotes",
           {200: list[Offer]}, query=OfferParams),
     Route("POST", "/v1/jobs", post_job, "Submit a job (idempotent with Idempotency-Key)", "jobs",

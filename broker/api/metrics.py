@@ -17,6 +17,7 @@ from broker.models import JobState
 from broker.store import ALLOCS, EVENTS, JOBS, Store
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+RefreshHook = Callable[[str, bool, float], None]  # Marketplace.on_refresh: (provider, ok, seconds)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -25,7 +26,8 @@ def store_counts(store: Store) -> dict[str, Any]:
     with store.engine.connect() as conn:
         by_state = dict(conn.execute(sa.select(JOBS.c.state, sa.func.count()).group_by(JOBS.c.state)).all())
         placements = conn.execute(
-            sa.select(sa.func.count()).select_from(EVENTS).where(EVENTS.c.to_state == JobState.provisioning.value)
+            sa.select(sa.func.count()).select_from(EVENTS)
+            .where(EVENTS.c.to_state == JobState.provisioning.value)
         ).scalar_one()
         allocs = conn.execute(
             sa.select(ALLOCS.c.provider, ALLOCS.c.state, sa.func.count()).group_by(ALLOCS.c.provider,
@@ -50,15 +52,16 @@ class ApiMetrics:
                                       ["route"], buckets=_LATENCY_BUCKETS, registry=r)
         self.quote_seconds = Histogram("lockstep_quote_seconds", "Time to rank offers for one quote",
                                        buckets=_LATENCY_BUCKETS, registry=r)
-        self.provider_refresh = Counter("lockstep_provider_refreshes", "Offer refreshes by provider and outcome",
-                                        ["provider", "outcome"], registry=r)
+        self.provider_refresh = Counter("lockstep_provider_refreshes",
+                                        "Offer refreshes by provider and outcome", ["provider", "outcome"],
+                                        registry=r)
         self.provider_errors = Counter("lockstep_provider_errors", "Failed offer refreshes by provider",
                                        ["provider"], registry=r)
         self.provider_seconds = Histogram("lockstep_provider_refresh_seconds", "Offer refresh latency",
                                           ["provider"], buckets=_LATENCY_BUCKETS, registry=r)
         self.jobs = Gauge("lockstep_jobs", "Jobs by state", ["state"], registry=r)
-        self.placements = Gauge("lockstep_placements", "Placements made (jobs sent to provisioning), all time",
-                                registry=r)
+        self.placements = Gauge("lockstep_placements",
+                                "Placements made (jobs sent to provisioning), all time", registry=r)
         self.allocations = Gauge("lockstep_allocations", "Allocations by provider and state",
                                  ["provider", "state"], registry=r)
 
@@ -74,7 +77,7 @@ class ApiMetrics:
                 chained(seconds)
         return observe
 
-    def refresh_hook(self, chained: Callable[[str, bool, float], None] | None) -> Callable[[str, bool, float], None]:
+    def refresh_hook(self, chained: RefreshHook | None) -> RefreshHook:
         def observe(provider: str, ok: bool, seconds: float) -> None:
             self.provider_refresh.labels(provider, "ok" if ok else "error").inc()
             if not ok:

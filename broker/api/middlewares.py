@@ -61,7 +61,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     finally:
         metrics = request.app.get(METRICS)
         if metrics is not None:
-            metrics.observe_request(route_name(request), request.method, status, time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            metrics.observe_request(route_name(request), request.method, status, elapsed)
 
 
 def _bearer(request: web.Request) -> str | None:

@@ -89,8 +89,8 @@ def _query_params(model: type[BaseModel], defs: dict[str, Any]) -> list[dict[str
     out = []
     for pname, schema in props.items():
         schema = _drop_null(schema)
-        param: dict[str, Any] = {"name": pname, "in": "query", "required": pname in required,
-                                 "schema": {k: v for k, v in schema.items() if k not in ("title", "description")}}
+        bare = {k: v for k, v in schema.items() if k not in ("title", "description")}
+        param: dict[str, Any] = {"name": pname, "in": "query", "required": pname in required, "schema": bare}
         if "description" in schema:
             param["description"] = schema["description"]
         if schema.get("type") == "array":
@@ -162,13 +162,15 @@ def build_openapi(routes: tuple[Route, ...] = ROUTES, version: str = "0.1.0") ->
     return {
         "openapi": "3.1.0",
         "info": {"title": "Lockstep API", "version": version,
-                 "description": "GPU marketplace broker and job router. Every route but /healthz and /readyz "
-                                "needs a bearer token; errors are {\"error\": {\"code\", \"message\", \"field\"}}."},
+                 "description": "GPU marketplace broker and job router. Every route but /healthz and "
+                                "/readyz needs a bearer token; errors are "
+                                "{\"error\": {\"code\", \"message\", \"field\"}}."},
         "paths": paths,
         "components": {
             "schemas": defs,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                           "description": "A token from `lockstep tokens create` or POST /v1/tokens"}},
+            "securitySchemes": {"bearer": {
+                "type": "http", "scheme": "bearer",
+                "description": "A token from `lockstep tokens create` or POST /v1/tokens"}},
         },
         "security": [{"bearer": []}],
     }

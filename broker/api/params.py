@@ -38,7 +38,7 @@ class QuoteParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     top: int = Field(default=10, ge=1, le=1000, description="options to return")
-    max_rejected: int = Field(default=50, ge=0, le=1_000_000,
+    max_rejected: int = Field(default=20, ge=0, le=1_000_000,
                               description="rejected offers to spell out (all are counted in rejected_counts)")
 
 

@@ -8,7 +8,6 @@ here so the OpenAPI document is generated from the same classes the handlers use
 from __future__ import annotations
 
 from datetime import datetime
-
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
@@ -25,7 +24,7 @@ StrictCount = Annotated[int, Strict()]
 class ErrorDetail(BaseModel):
     code: str = Field(description="machine-readable: bad_request, invalid_spec, unauthorized, not_found, ...")
     message: str
-    field: str | None = Field(default=None, description="the offending field (dotted path), when one is known")
+    field: str | None = Field(default=None, description="the offending field (dotted path), if known")
 
 
 class ErrorBody(BaseModel):

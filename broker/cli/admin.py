@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -19,7 +19,9 @@ from rich.table import Table
 from broker.cli import render
 from broker.cli.app import get_ctx
 from broker.models import Role, Tenant
-from broker.store import Store, open_store
+
+if TYPE_CHECKING:
+    from broker.store import Store
 
 tokens_app = typer.Typer(help="API tokens (bearer), each bound to a tenant and a role.", no_args_is_help=True,
                          add_completion=False, pretty_exceptions_enable=False)
@@ -29,6 +31,8 @@ tenants_app = typer.Typer(help="Tenants and their caps (monthly budget, GPUs).",
 
 @contextmanager
 def _store(ctx: typer.Context) -> Iterator[Store]:
+    from broker.store import open_store  # SQLAlchemy and Alembic load only for the commands that need them
+
     store = open_store(get_ctx(ctx).settings.db_url)
     try:
         yield store
@@ -84,7 +88,8 @@ def tokens_list(
 
 
 @tokens_app.command("revoke")
-def tokens_revoke(ctx: typer.Context, token_id: Annotated[str, typer.Argument(help="Token id (tok_...).")]) -> None:
+def tokens_revoke(ctx: typer.Context,
+                  token_id: Annotated[str, typer.Argument(help="Token id (tok_...).")]) -> None:
     """Revoke a token: the server refuses it from then on (within its short verification cache)."""
     with _store(ctx) as store:
         store.revoke_token(token_id)
@@ -109,7 +114,7 @@ def tenants_create(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Tenant name (letters, digits, . _ -).")],
     budget: Annotated[float | None, typer.Option("--budget", min=0, help="Monthly budget, USD.")] = None,
-    max_gpus: Annotated[int | None, typer.Option("--max-gpus", min=0, help="GPUs held at once, at most.")] = None,
+    max_gpus: Annotated[int | None, typer.Option("--max-gpus", min=0, help="GPUs held at once.")] = None,
 ) -> None:
     """Create a tenant."""
     from pydantic import ValidationError
@@ -144,7 +149,7 @@ def tenants_list(
 def tenants_set_budget(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Tenant name.")],
-    monthly_usd: Annotated[float | None, typer.Option("--monthly-usd", min=0, help="Monthly budget, USD.")] = None,
+    monthly_usd: Annotated[float | None, typer.Option("--monthly-usd", min=0, help="USD a month.")] = None,
     max_gpus: Annotated[int | None, typer.Option("--max-gpus", min=0, help="GPUs held at once.")] = None,
     clear: Annotated[bool, typer.Option("--clear", help="Remove both caps.")] = False,
 ) -> None:
@@ -170,7 +175,7 @@ def tenants_set_budget(
 
 def serve(
     ctx: typer.Context,
-    host: Annotated[str | None, typer.Option("--host", help="Address to listen on (default: api.host).")] = None,
+    host: Annotated[str | None, typer.Option("--host", help="Address (default: api.host).")] = None,
     port: Annotated[int | None, typer.Option("--port", min=0, max=65535,
                                              help="Port (default: api.port; 0 picks a free one).")] = None,
 ) -> None:

@@ -143,7 +143,8 @@ def api(tmp_path_factory: pytest.TempPathFactory, captured_logs: _Collector,
     # A generous rate so schemathesis and the other tests never meet the limit here.
     settings = _settings(db_url, ApiConfig(rate_per_s=100_000, burst=100_000, max_body_bytes=64 * 1024))
     server, svc = _serve(settings, request)
-    return Api(server.url, admin, alice, bob, db_url, settings, svc, secrets=[admin, alice, bob, FAKE_VAST_KEY])
+    return Api(server.url, admin, alice, bob, db_url, settings, svc,
+               secrets=[admin, alice, bob, FAKE_VAST_KEY])
 
 
 @pytest.fixture(scope="session")

@@ -41,7 +41,8 @@ def test_tenant_cannot_read_list_or_cancel_another_tenants_job(api: Api) -> None
         bob_ids = {j["id"] for j in bob.get("/v1/jobs", params={"limit": 1000}).json()["jobs"]}
         assert job["id"] not in bob_ids
         # An ordinary user cannot widen the view with ?tenant=.
-        bob_ids = {j["id"] for j in bob.get("/v1/jobs", params={"tenant": "alpha", "limit": 1000}).json()["jobs"]}
+        widened = bob.get("/v1/jobs", params={"tenant": "alpha", "limit": 1000}).json()["jobs"]
+        bob_ids = {j["id"] for j in widened}
         assert job["id"] not in bob_ids
 
         # Still there and untouched for its owner; the admin sees it too.
@@ -103,7 +104,8 @@ def test_tenants_and_budgets(api: Api) -> None:
 
         patched = admin.patch("/v1/tenants/delta", json={"monthly_budget_usd": 7500.5})
         assert patched.status_code == 200
-        assert patched.json()["monthly_budget_usd"] == 7500.5 and patched.json()["max_gpus"] == 64  # untouched
+        assert patched.json()["monthly_budget_usd"] == 7500.5
+        assert patched.json()["max_gpus"] == 64  # untouched
         cleared = admin.patch("/v1/tenants/delta", json={"max_gpus": None}).json()
         assert cleared["max_gpus"] is None and cleared["monthly_budget_usd"] == 7500.5
         assert "delta" in {t["name"] for t in admin.get("/v1/tenants").json()}

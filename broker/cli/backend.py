@@ -6,11 +6,15 @@ command renders identical output either way.
 
 from __future__ import annotations
 
-from typing import Protocol
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
 
 from broker.cli.app import Context
 from broker.models import Job, JobState, Offer, Quote
 from policies.offers import OfferFilter
+
+T = TypeVar("T")
 
 
 class Backend(Protocol):
@@ -31,3 +35,17 @@ def open_backend(ctx: Context, providers: list[str] | None = None, *, need_store
     from broker.cli.local import LocalBackend
 
     return LocalBackend(ctx.settings, providers=providers, need_store=need_store)
+
+
+def with_backend(ctx: Context, fn: Callable[[Backend], Awaitable[T]], *, providers: list[str] | None = None,
+                 need_store: bool = False) -> T:
+    """Open the backend, run one async operation on it, always close it."""
+
+    async def run() -> T:
+        backend = open_backend(ctx, providers, need_store=need_store)
+        try:
+            return await fn(backend)
+        finally:
+            await backend.aclose()
+
+    return asyncio.run(run())

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 import typer
 
 from broker.cli import render
 from broker.cli.app import app, get_ctx
-from broker.cli.backend import open_backend
-from broker.models import JobState
+from broker.cli.backend import Backend, with_backend
+from broker.models import Job, JobState
 from broker.specs import load_spec
-
-
-def _run(coro_fn):
-    return asyncio.run(coro_fn())
 
 
 @app.command()
@@ -32,19 +27,15 @@ def submit(
     """Submit a job. Once accepted it is stored and survives a broker crash."""
     spec = load_spec(job)
     c = get_ctx(ctx)
-    backend = open_backend(c, need_store=True)
 
-    async def run():
-        try:
-            j = await backend.submit(spec.model_dump(mode="json"), idempotency_key)
-            if place and not c.server:
-                await backend.svc.place_now([j.id])  # type: ignore[attr-defined]
-                j = await backend.status(j.id)
-            return j
-        finally:
-            await backend.aclose()
+    async def run(backend: Backend) -> Job:
+        j = await backend.submit(spec.model_dump(mode="json"), idempotency_key)
+        if place and not c.server:
+            await backend.svc.place_now([j.id])  # type: ignore[attr-defined]
+            j = await backend.status(j.id)
+        return j
 
-    j = _run(run)
+    j = with_backend(c, run, need_store=True)
     if json_out:
         render.print_json(j)
     else:
@@ -64,15 +55,7 @@ def list_jobs(
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Jobs, newest first."""
-    backend = open_backend(get_ctx(ctx), need_store=True)
-
-    async def run():
-        try:
-            return await backend.jobs(state, limit)
-        finally:
-            await backend.aclose()
-
-    jobs = _run(run)
+    jobs = with_backend(get_ctx(ctx), lambda b: b.jobs(state, limit), need_store=True)
     if json_out:
         render.print_json(jobs)
     else:
@@ -87,18 +70,14 @@ def status(
 ) -> None:
     """One job with its events (without a server, polls its provider first)."""
     c = get_ctx(ctx)
-    backend = open_backend(c, need_store=True)
 
-    async def run():
-        try:
-            if not c.server:
-                await backend.status(job_id)  # NotFound before touching providers
-                await backend.svc.poll_now()  # type: ignore[attr-defined]
-            return await backend.status(job_id)
-        finally:
-            await backend.aclose()
+    async def run(backend: Backend) -> Job:
+        if not c.server:
+            await backend.status(job_id)  # NotFound before touching providers
+            await backend.svc.poll_now()  # type: ignore[attr-defined]
+        return await backend.status(job_id)
 
-    j = _run(run)
+    j = with_backend(c, run, need_store=True)
     if json_out:
         render.print_json(j)
     else:
@@ -112,15 +91,7 @@ def cancel(
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Cancel a job and release everything it holds."""
-    backend = open_backend(get_ctx(ctx), need_store=True)
-
-    async def run():
-        try:
-            return await backend.cancel(job_id)
-        finally:
-            await backend.aclose()
-
-    j = _run(run)
+    j = with_backend(get_ctx(ctx), lambda b: b.cancel(job_id), need_store=True)
     if json_out:
         render.print_json(j)
     else:

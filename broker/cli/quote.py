@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 import typer
@@ -10,7 +9,7 @@ from pydantic import ValidationError
 
 from broker.cli import render
 from broker.cli.app import app, get_ctx
-from broker.cli.backend import open_backend
+from broker.cli.backend import with_backend
 from broker.errors import NoFeasibleOption
 from broker.models import FabricNeed, Market
 from broker.specs import first_error, load_spec
@@ -28,15 +27,8 @@ def quote(
 ) -> None:
     """What the job would cost, where, and why: ranked by expected job cost."""
     spec = load_spec(job)
-    backend = open_backend(get_ctx(ctx), providers=provider)
-
-    async def run():
-        try:
-            return await backend.quote(spec.model_dump(mode="json"), top=top, max_rejected=None)
-        finally:
-            await backend.aclose()
-
-    q = asyncio.run(run())
+    q = with_backend(get_ctx(ctx), lambda b: b.quote(spec.model_dump(mode="json"), top=top, max_rejected=None),
+                     providers=provider)
     if json_out:
         render.print_json(q)
     else:
@@ -65,15 +57,7 @@ def offers(
                         provider=provider, region=region)
     except ValidationError as exc:
         raise first_error(exc) from None
-    backend = open_backend(get_ctx(ctx), providers=provider)
-
-    async def run():
-        try:
-            return await backend.offers(f, limit)
-        finally:
-            await backend.aclose()
-
-    result = asyncio.run(run())
+    result = with_backend(get_ctx(ctx), lambda b: b.offers(f, limit), providers=provider)
     if json_out:
         render.print_json(result)
     else:

@@ -40,6 +40,7 @@ import sqlalchemy as sa
 
 from broker.models import Market, PricePoint
 from broker.store import Store
+from broker.tables import PricePointRow
 
 # Real instance types and their GPUs (AWS), with on-demand-ish hourly prices as the walk's start.
 SKUS: list[tuple[str, str, float]] = [
@@ -136,6 +137,21 @@ def query_latency(store: Store, gpu: str, runs: int) -> tuple[float, float, floa
     return statistics.median(walls), p99, statistics.median(cpus), rows
 
 
+def sql_latency(store: Store, gpu: str, runs: int) -> float:
+    """Median wall ms of the same query with rows fetched as tuples, no PricePoint objects:
+    what the index costs, apart from building the models."""
+    since = datetime.now(UTC) - timedelta(days=7)
+    t = PricePointRow.__table__  # type: ignore[attr-defined]
+    q = sa.select(t).where(t.c.gpu.in_(Store.gpu_names(gpu)), t.c.at >= since).order_by(t.c.at, t.c.id)
+    times = []
+    with store.engine.connect() as conn:
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            conn.execute(q).all()
+            times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
 def run(name: str, url: str, points: list[PricePoint], batch: int, gpus: list[str], runs: int) -> None:
     store = Store(url)
     try:
@@ -149,9 +165,11 @@ def run(name: str, url: str, points: list[PricePoint], batch: int, gpus: list[st
         print(f"{name:8s} re-ingest of the last batch stored {again} (dedup)")
         for gpu in gpus:
             med, p99, cpu_med, rows = query_latency(store, gpu, runs)
+            sql_med = sql_latency(store, gpu, runs)
             print(
                 f"{name:8s} 7-day history for {gpu!r}: {rows:,} points; median {med:.1f} ms, p99 {p99:.1f} ms "
-                f"wall; median client CPU {cpu_med:.1f} ms ({runs} runs over {stored:,} points)"
+                f"wall; median client CPU {cpu_med:.1f} ms; SQL and fetch only {sql_med:.1f} ms "
+                f"({runs} runs over {stored:,} points)"
             )
     finally:
         store.close()

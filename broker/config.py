@@ -135,7 +135,7 @@ class TrackerConfig(BaseModel):
     window: int = 12  # points in the trailing median
     retention_days: int = 90
     compact_after_days: int = 7
-    webhook_url: str | None = None
+    webhook_url: SecretStr | None = None  # often carries a token: never printed
 
 
 class HealthConfig(BaseModel):

@@ -423,7 +423,7 @@ class Tracker:
             ):
                 with attempt:
                     try:
-                        resp = await client.post(self.cfg.webhook_url, json=event)
+                        resp = await client.post(self.cfg.webhook_url.get_secret_value(), json=event)
                     except httpx.TransportError as exc:
                         raise TransientError("webhook", f"connection failed ({type(exc).__name__})") from exc
                     if resp.status_code >= 500 or resp.status_code == 429:

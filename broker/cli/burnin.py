@@ -187,6 +187,17 @@ def list_command(
     _table(benches, unhealthy)
 
 
+def resume_command(
+    ctx: typer.Context,
+    node: Annotated[str, typer.Argument(help="Node to put back in the pool.")],
+    provider: Annotated[str, typer.Option("--provider", help="Provider the node belongs to.")] = "slurm",
+) -> None:
+    """Put a node back: healthy in the store, resumed at its provider (after a repair and a new burn-in)."""
+    settings = get_ctx(ctx).settings
+    _run(settings, provider, lambda svc: burnin.resume_node(svc, provider, node))
+    console.print(f"{provider}/{node}: back in the pool")
+
+
 def register(app: typer.Typer) -> None:
     """Mount `burnin` on the root app and `record`/`list` on the `bench` group (created if absent).
 
@@ -202,3 +213,4 @@ def register(app: typer.Typer) -> None:
         app.add_typer(bench, name="bench")
     bench.command("record")(record_command)
     bench.command("list")(list_command)
+    bench.command("resume")(resume_command)

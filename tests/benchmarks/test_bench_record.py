@@ -77,6 +77,10 @@ def test_record_probe_with_ecc_errors_marks_the_node_unhealthy(invoke, probe_doc
     code, out, _ = invoke("bench", "list")
     assert "out of the pool" in out and "vast/host-7" in out
 
+    code, out, err = invoke("bench", "resume", "host-7", "--provider", "vast")
+    assert code == 0 and "back in the pool" in out, err
+    assert json.loads(invoke("bench", "list", "--json")[1])["unhealthy"] == []
+
 
 def test_record_latency_gate_needs_the_fabric(invoke, shared_data: Path, tmp_path: Path) -> None:
     # The DGX run starts at 1 GiB: no small messages, so no latency to judge even with a fabric.

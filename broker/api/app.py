@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
@@ -96,13 +98,19 @@ async def start_server(app: web.Application, host: str, port: int) -> tuple[web.
 
 async def serve(settings: Settings, host: str, port: int, *,
                 ready: Callable[[str], None] | None = None) -> None:
-    """Run the API and the broker loops until cancelled (Ctrl-C, SIGTERM)."""
+    """Run the API and the broker loops until SIGTERM or Ctrl-C, then stop them cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not on every platform
+            loop.add_signal_handler(sig, stop.set)
     app = create_app(Lockstep(settings))
     runner, url = await start_server(app, host, port)
     log.info("serving on %s", url)
     if ready is not None:
         ready(url)
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
+        log.info("stopping: finishing requests, stopping the broker loops")
     finally:
-        await runner.cleanup()
+        await runner.cleanup()  # runs the cleanup contexts: loops stopped, providers and store closed

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from broker.client import RemoteBackend
@@ -120,3 +122,25 @@ def test_admin_commands_on_the_servers_store(api: Api) -> None:
     with api.client(token) as revoked:
         assert revoked.get("/v1/jobs").status_code == 401
     assert lockstep("--db", db, "tokens", "revoke", "tok_nope").returncode == 2
+
+
+def test_serve_starts_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker", "--db", str(tmp_path / "serve.db"), "serve", "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("lockstep: serving on http://127.0.0.1:"), line
+        url = line.split()[-1]
+        assert httpx.get(f"{url}/healthz", timeout=30).json()["status"] == "ok"
+        ready = httpx.get(f"{url}/readyz", timeout=30)
+        assert ready.status_code == 200 and ready.json()["store"] is True
+        assert httpx.get(f"{url}/v1/jobs", timeout=30).status_code == 401
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    assert "Traceback" not in err

@@ -62,7 +62,7 @@ _TERMINAL = frozenset(
 )
 _POLL_S = 1.0
 _STEM = re.compile(r"[A-Za-z0-9._-]{1,120}")
-_MAX_DRAIN_REASON = 200  # slurm keeps the reason in a fixed-size field of its state files; keep it readable
+_MAX_DRAIN_REASON = 200  # one readable line in `sinfo -R`; the full text is in the stored benchmark
 
 
 # --------------------------------------------------------------------------- recording

@@ -25,6 +25,7 @@ import base64
 import hashlib
 import hmac
 import json
+import operator
 import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -122,6 +123,8 @@ TOKEN_PREFIX = "lst_"
 PRICE_BATCH = 5000
 SERIES_KEYS: tuple[str, ...] = ("provider", "market", "sku", "region", "zone", "stat")
 _MARKETS: dict[str, Market] = {m.value: m for m in Market}
+_MARKET_VALUES: dict[str, str] = {m.value: m.value for m in Market}  # Market members hash as their value
+_BY_AT = operator.attrgetter("at")
 PRICE_COLS: tuple[str, ...] = (
     "provider",
     "market",
@@ -135,6 +138,12 @@ PRICE_COLS: tuple[str, ...] = (
     "at",
 )
 _SQLITE_PRICE_INSERT = f"INSERT INTO price_points ({', '.join(PRICE_COLS)}) VALUES ({', '.join('?' * len(PRICE_COLS))})"
+_SQLITE_LATEST_UPSERT = (
+    f"INSERT INTO price_latest ({', '.join(PRICE_COLS)}) VALUES ({', '.join('?' * len(PRICE_COLS))}) "
+    f"ON CONFLICT ({', '.join(SERIES_KEYS)}) DO UPDATE SET gpu = excluded.gpu, "
+    "usd_per_hour = excluded.usd_per_hour, count = excluded.count, at = excluded.at "
+    "WHERE excluded.at > price_latest.at"
+)
 _PG_PRICE_COPY = f"COPY price_points ({', '.join(PRICE_COLS)}) FROM STDIN"
 
 
@@ -177,6 +186,9 @@ def make_engine(url: str) -> Engine:
             # Price history indexes outgrow the 2 MB default cache at ~100k points, and ingest
             # then pays for page misses; 64 MB (allocated only as used) keeps them in memory.
             cur.execute("PRAGMA cache_size=-65536")
+            # Checkpoint the WAL every ~40 MB rather than every 4 MB: bulk price ingest
+            # otherwise pays a checkpoint (and its fsync) on nearly every batch.
+            cur.execute("PRAGMA wal_autocheckpoint=10000")
             cur.close()
 
         @sa.event.listens_for(engine, "begin")
@@ -669,14 +681,31 @@ class Store:
         )
 
     def _latest_many(self, conn: Connection, keys: list[tuple[str, ...]]) -> dict[tuple[str, ...], Any]:
-        """The price_latest rows of the given series, in one query per 500 series."""
-        cols = [LATEST.c[k] for k in SERIES_KEYS]
+        """The price_latest rows of the given series.
+
+        One query per (provider, market, stat) with the batch's SKUs, filtered to the exact
+        series here: compiling a 6-column tuple IN over thousands of series cost more than
+        reading a few extra rows.
+        """
+        wanted = set(keys)
+        groups: dict[tuple[str, str, str], set[str]] = {}
+        for provider, market, sku, _region, _zone, stat in wanted:
+            groups.setdefault((provider, market, stat), set()).add(sku)
+        cols = [LATEST.c[k] for k in PRICE_COLS]
         out: dict[tuple[str, ...], Any] = {}
-        for i in range(0, len(keys), 500):
-            chunk = keys[i : i + 500]
-            q = sa.select(*[LATEST.c[k] for k in PRICE_COLS]).where(sa.tuple_(*cols).in_(chunk))
-            for row in conn.execute(q):
-                out[(row[0], row[1], row[2], row[4], row[5], row[6])] = row
+        for (provider, market, stat), skus in groups.items():
+            sku_list = sorted(skus)
+            for i in range(0, len(sku_list), 500):
+                q = sa.select(*cols).where(
+                    LATEST.c.provider == provider,
+                    LATEST.c.market == market,
+                    LATEST.c.stat == stat,
+                    LATEST.c.sku.in_(sku_list[i : i + 500]),
+                )
+                for row in conn.execute(q).all():
+                    key = (row[0], row[1], row[2], row[4], row[5], row[6])
+                    if key in wanted:
+                        out[key] = row
         return out
 
     def add_price_points(self, points: list[PricePoint]) -> int:
@@ -694,8 +723,8 @@ class Store:
             return 0
         by_series: dict[tuple[str, ...], list[PricePoint]] = {}
         for p in points:
-            m = p.market
-            key = (p.provider, m.value if type(m) is Market else Market(m).value, p.sku, p.region, p.zone, p.stat)
+            market = _MARKET_VALUES.get(p.market) or Market(p.market).value
+            key = (p.provider, market, p.sku, p.region, p.zone, p.stat)
             by_series.setdefault(key, []).append(p)
         inserted = 0
         with self._tx() as conn:
@@ -703,10 +732,10 @@ class Store:
             rows: list[tuple[Any, ...]] = []
             newest: list[tuple[Any, ...]] = []
             for key, series in by_series.items():
-                series.sort(key=lambda p: p.at)
+                series.sort(key=_BY_AT)
                 last = latest.get(key)
-                last_at = last.at if last is not None else None
-                last_price = last.usd_per_hour if last is not None else None
+                last_at = last[9] if last is not None else None
+                last_price = last[7] if last is not None else None
                 row: tuple[Any, ...] | None = None
                 for p in series:
                     at = p.at if p.at.tzinfo is UTC else _as_utc(p.at)
@@ -725,14 +754,24 @@ class Store:
             if rows:
                 inserted += self._insert_prices(conn, rows)
             if newest:
-                stmt = self._insert_fn()(LATEST)
-                stmt = stmt.on_conflict_do_update(
-                    index_elements=list(SERIES_KEYS),
-                    set_={k: stmt.excluded[k] for k in ("gpu", "usd_per_hour", "count", "at")},
-                    where=stmt.excluded.at > LATEST.c.at,  # a concurrent newer write wins
-                )
-                conn.execute(stmt, [dict(zip(PRICE_COLS, r, strict=True)) for r in newest])
+                self._upsert_latest(conn, newest)
         return inserted
+
+    def _upsert_latest(self, conn: Connection, rows: list[tuple[Any, ...]]) -> None:
+        """Upsert the newest point of each series; a concurrent newer write wins."""
+        if self.is_sqlite:
+            conn.exec_driver_sql(
+                _SQLITE_LATEST_UPSERT,
+                [(*r[:9], r[9].replace(tzinfo=None).isoformat(" ", "microseconds")) for r in rows],  # r[9] is UTC
+            )
+            return
+        stmt = self._insert_fn()(LATEST)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=list(SERIES_KEYS),
+            set_={k: stmt.excluded[k] for k in ("gpu", "usd_per_hour", "count", "at")},
+            where=stmt.excluded.at > LATEST.c.at,
+        )
+        conn.execute(stmt, [dict(zip(PRICE_COLS, r, strict=True)) for r in rows])
 
     def _insert_prices(self, conn: Connection, rows: list[tuple[Any, ...]]) -> int:
         """Bulk insert of PRICE_COLS tuples, the fastest way each driver offers.

@@ -220,21 +220,34 @@ def burnin_command(command: str, *, result_dir: str, stem: str, quick: bool = Tr
     return probe_script(result_dir, stem, quick=quick) + "\n" + (command.strip() or "exec sleep infinity")
 
 
+def _results(directory: Path, stem: str) -> list[tuple[Path, str, Any]]:
+    """(file, node, parsed JSON or None when unreadable) for each result of ``stem``; blocking I/O."""
+    out: list[tuple[Path, str, Any]] = []
+    for path in sorted(directory.glob(f"{stem}-*.json")):
+        node = path.name[len(stem) + 1 : -len(".json")]
+        try:
+            out.append((path, node, json.loads(path.read_text(encoding="utf-8"))))
+        except (OSError, ValueError) as exc:
+            log.warning("burn-in result %s unreadable: %s", path, type(exc).__name__)
+            out.append((path, node, None))
+    return out
+
+
 async def collect_burnin(svc: Lockstep, provider: str, stem: str) -> list[Benchmark]:
     """Record every result a burn-in step with ``stem`` has left so far, one per node; each file is
     removed once stored, so calling this on every poll stores each result once."""
     out: list[Benchmark] = []
-    for path in sorted(results_dir(svc).glob(f"{stem}-*.json")):
-        node = path.name[len(stem) + 1 : -len(".json")]
+    for path, node, doc in await asyncio.to_thread(_results, results_dir(svc), stem):
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-            b = _probe.benchmark_from_probe(doc, provider, node)
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
-            log.warning("burn-in result %s unreadable: %s", path, type(exc).__name__)
-            continue
+            b = _probe.benchmark_from_probe(doc, provider, node) if isinstance(doc, dict) else None
+        except (ValueError, TypeError, AttributeError) as exc:
+            log.warning("burn-in result %s malformed: %s", path, type(exc).__name__)
+            b = None
+        if b is None:
+            continue  # left in place for an operator to look at
         b.raw["burnin"] = {"node": node, "stem": stem}
         out.append(await record_benchmark(svc, b))
-        path.unlink(missing_ok=True)
+        await asyncio.to_thread(path.unlink, missing_ok=True)
     return out
 
 
@@ -307,6 +320,31 @@ def _tail(path: Path, lines: int = 3) -> str:
     return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])[:400]
 
 
+async def _wait_for_result(
+    prov: SlurmProvider, alloc: Allocation, result: Path, log_path: Path, timeout_s: float
+) -> None:
+    """Poll the job until its result file appears; raise if it ends without one or takes too long."""
+    job_id, node = alloc.resource_ids[0], alloc.job_id.removeprefix("burnin-")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    # File checks off the event loop: on a shared filesystem a stat can block.
+    while not await asyncio.to_thread(result.exists):
+        status = await prov.poll(alloc)
+        if status.state in _TERMINAL or status.state is AllocationState.unknown:
+            # The file is renamed into place before the job ends; one last look settles a close race.
+            if await asyncio.to_thread(result.exists):
+                return
+            tail = await asyncio.to_thread(_tail, log_path)
+            raise ProviderError(
+                prov.name, f"burn-in job {job_id} on {node} ended ({status.reason}) without a result"
+                + (f": {tail}" if tail else f" (expected {result}: is {result.parent} shared with the node?)"),
+            )
+        if loop.time() > deadline:
+            raise TransientError(prov.name, f"burn-in job {job_id} on {node} did not finish in {timeout_s:g} s "
+                                            f"(last state: {status.reason}); cancelled")
+        await asyncio.sleep(_POLL_S)
+
+
 async def burn_in(
     svc: Lockstep,
     provider: str,
@@ -353,34 +391,23 @@ async def burn_in(
                        state=AllocationState.pending, resource_ids=[job_id])
     log.info("burn-in of %s: Slurm job %s", node, job_id)
 
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    status_text = ""
-    while not result.exists():
-        status = await prov.poll(alloc)
-        status_text = status.reason
-        if status.state in _TERMINAL or status.state is AllocationState.unknown:
-            # The file is renamed into place before the job ends; one last look settles a close race.
-            if result.exists():
-                break
-            tail = _tail(log_path)
-            raise ProviderError(
-                provider, f"burn-in job {job_id} on {node} ended ({status.reason}) without a result"
-                + (f": {tail}" if tail else f" (expected {result}: is {out_dir} shared with the node?)"),
-            )
-        if loop.time() > deadline:
-            await prov.release(alloc)
-            raise TransientError(provider, f"burn-in job {job_id} on {node} did not finish in {timeout_s:g} s "
-                                           f"(last state: {status_text}); cancelled")
-        await asyncio.sleep(_POLL_S)
+    try:
+        await _wait_for_result(prov, alloc, result, log_path, timeout_s)
+    except BaseException:
+        # Timed out, interrupted (Ctrl-C) or failed: leave no probe job behind holding the node's GPUs.
+        try:
+            await asyncio.shield(prov.release(alloc))
+        except ProviderError as exc:
+            log.warning("cancelling burn-in job %s failed: %s", job_id, exc)
+        raise
 
     try:
-        doc = json.loads(result.read_text(encoding="utf-8"))
+        doc = json.loads(await asyncio.to_thread(result.read_text, encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ProviderError(provider, f"burn-in result {result} unreadable ({type(exc).__name__})") from None
     b = _probe.benchmark_from_probe(doc, provider, node)
     b.raw["burnin"] = {"slurm_job_id": job_id, "node": node, "quick": quick}
     recorded = await record_benchmark(svc, b)
-    for path in (result, log_path):
-        path.unlink(missing_ok=True)  # stored now; the store is the record
+    for path in (result, log_path):  # stored now; the store is the record
+        await asyncio.to_thread(path.unlink, missing_ok=True)
     return recorded

@@ -21,7 +21,7 @@ import pytest
 
 from broker import burnin
 from broker.config import BrokerConfig, HealthConfig, Settings, SlurmConfig
-from broker.errors import SpecError
+from broker.errors import SpecError, TransientError
 from broker.models import AllocationState, Benchmark, Fabric, JobSpec, Workload
 from broker.service import Lockstep
 from broker.store import Store
@@ -151,6 +151,37 @@ async def test_burn_in_refuses_unknown_and_drained_nodes(svc: Lockstep, slurm_cl
         await provider.resume("gpu-node5")
     await eventually(provider.offers, lambda offers: any(o.locality.host == "gpu-node5" for o in offers),
                      "gpu-node5 offered again after resume")
+
+
+async def test_burn_in_that_cannot_start_is_cancelled(
+    svc: Lockstep, slurm_cluster: SlurmCluster, slurm_installation: str
+) -> None:
+    """All of gpu-node5's GPUs are held: the probe job pends, times out, and is cancelled (no leak)."""
+    provider = svc.market.providers["slurm"]
+    offers = await eventually(provider.offers, lambda os: any(o.locality.host == "gpu-node5" for o in os),
+                              "gpu-node5 offered")
+    offer = next(o for o in offers if o.locality.host == "gpu-node5")
+    spec = JobSpec(name="holder", gpu=["L40S"], gpus=4, gpus_per_node=4, workload=Workload(hours=0.1),
+                   command="sleep 120")
+    holder = await provider.launch(LaunchRequest(job_id=f"job-{uuid.uuid4().hex[:10]}", spec=spec, offer=offer,
+                                                 nodes=1, installation=slurm_installation))
+    try:
+        await eventually(lambda: provider.poll(holder), lambda s: s.state is AllocationState.running, "holder runs")
+        with pytest.raises(TransientError, match="did not finish"):
+            await burnin.burn_in(svc, "slurm", "gpu-node5", timeout_s=3)
+
+        def burnin_jobs() -> list[str]:
+            out = slurm_cluster.cli("squeue", "-h", "-o", "%i %T %k")
+            return [line for line in out.splitlines() if f"lockstep:burnin={slurm_installation}" in line
+                    and "CANCELLED" not in line]
+
+        async def left() -> list[str]:
+            return burnin_jobs()
+
+        await eventually(left, lambda jobs: jobs == [], "the pending probe job is cancelled")
+    finally:
+        await provider.release(holder)
+    assert await svc.db(svc.store.benchmarks, "slurm") == []  # nothing measured, nothing stored
 
 
 async def test_burn_in_as_the_first_step_of_an_allocation(

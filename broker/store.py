@@ -642,7 +642,7 @@ class Store:
             return [self._alloc(r) for r in conn.execute(q.order_by(ALLOCS.c.created_at, ALLOCS.c.id)).mappings()]
 
     def live_allocations(self) -> list[Allocation]:
-        """Allocations that may still hold provider resources (not released, failed or succeeded)."""
+        """Allocations that may still hold provider resources: intent, pending, running or unknown."""
         return self.allocations(states=list(LIVE_STATES))
 
     def find_allocation(self, provider: str, resource_id: str) -> Allocation | None:

@@ -73,3 +73,12 @@ def test_find_allocation_by_resource_id(store: Store) -> None:
     assert store.find_allocation("aws", "i-") is None  # substring of an id is not a match
     assert store.find_allocation("aws", "i-%") is None
     assert store.find_allocation("vast", "i-1") is None
+
+
+def test_preempted_allocation_does_not_block_the_next_attempt(store: Store) -> None:
+    store.create_job(job(job_id="spot"))
+    store.add_allocation(_alloc("a1", "spot", state=AllocationState.running))
+    store.update_allocation("a1", state=AllocationState.preempted, reason="spot reclaimed")
+    store.add_allocation(_alloc("a2", "spot", attempt=1))
+    assert [a.id for a in store.live_allocations()] == ["a2"]
+    assert [a.id for a in store.allocations(job_id="spot", states=[AllocationState.preempted])] == ["a1"]

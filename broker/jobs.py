@@ -91,11 +91,20 @@ class Broker:
             pending = [j for j in pending if self._retry_at.get(j.id, now) <= now]
         results: list[Placement] = []
         unhealthy = await self._db(self.store.unhealthy_nodes) if pending else {}
+        held = await self.router._held_offers() if pending else set()
+        # Same spec, same book, same moment: same verdict. Many jobs share a spec (a sweep, a
+        # batch), and ranking is the CPU cost of a pass, so each distinct spec is ranked once.
+        verdicts: dict[str, str] = {}
+
+        def unplaceable(job: Job) -> str:
+            key = job.spec.model_dump_json()
+            if key not in verdicts:
+                verdicts[key] = self.router.unplaceable_reason(*self.router.rank(job, now, unhealthy, held))
+            return verdicts[key]
 
         async def one(job: Job) -> None:
             # Look before claiming: a job nothing can run stays pending without churning events.
-            q, options = self.router.rank(job, now, unhealthy)
-            why = self.router.unplaceable_reason(q, options)
+            why = unplaceable(job)
             if why:
                 self._retry_at[job.id] = now + RETRY_AFTER
                 if job.reason != why:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -51,12 +51,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+TOP_OPTIONS = 50  # launchable options considered per job
+
+
 def new_alloc_id() -> str:
     return "a" + secrets.token_hex(8)
 
 
 def month_start(now: datetime) -> datetime:
     return datetime(now.year, now.month, 1, tzinfo=UTC)
+
+
+def single_unit(offer: Offer) -> bool:
+    """An offer only one job can hold at a time (a Vast machine), unlike a cloud instance type."""
+    return offer.max_nodes == 1 and not offer.divisible
 
 
 class Placement:
@@ -85,29 +93,50 @@ class Router:
         self.on_placed = on_placed  # metrics hook: (provider, outcome)
         self._taken: set[str] = set()  # single-unit offers launched on since the last refresh
         self._taken_at: datetime | None = None
+        self._index: dict[str, Offer] = {}  # offers by id, for the snapshot of _index_at
+        self._index_at: datetime | None = None
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
     # ------------------------------------------------------------------ ranking
-    def _launchable(self, o: QuoteOption, offer: Offer | None) -> bool:
+    def find(self, offer_id: str) -> Offer | None:
+        """The current snapshot's offer by id (a dict per refresh: the market's find is a scan)."""
+        if self._index_at != self.market.refreshed_at or not self._index:
+            self._index = {o.id: o for o in self.market.offers()}
+            self._index_at = self.market.refreshed_at
+        return self._index.get(offer_id)
+
+    def _launchable(self, o: QuoteOption, offer: Offer | None, held: Collection[str] = ()) -> bool:
         provider = self.market.providers.get(o.provider)
         return (
             offer is not None
             and provider is not None
             and provider.can_launch
             and offer.attrs.get("source") != "catalog"
-            and o.offer_id not in self._taken
+            and not (single_unit(offer) and (o.offer_id in self._taken or o.offer_id in held))
         )
 
-    def rank(self, job: Job, now: datetime, unhealthy: dict[tuple[str, str], str]) -> tuple[Quote, list[QuoteOption]]:
-        """The job's quote, and the options that can actually be launched now."""
+    def rank(self, job: Job, now: datetime, unhealthy: dict[tuple[str, str], str],
+             held: Collection[str] = ()) -> tuple[Quote, list[QuoteOption]]:
+        """The job's quote, and the options that can actually be launched now.
+
+        ``held``: offers live allocations hold (any replica); single-unit ones among them are not launchable.
+        """
         if self._taken_at != self.market.refreshed_at:  # a refresh shows what is really left
             self._taken.clear()
             self._taken_at = self.market.refreshed_at
         book = self.market.book(unhealthy_hosts=unhealthy, preemption_rates=self.preemption_rates())
-        q = rank_quote(book, job.spec, now=now, top=50, max_rejected=20)
-        return q, [o for o in q.options if self._launchable(o, self.market.find(o.offer_id))]
+        # Taken machines stay in the book until the next refresh: rank past them, or a busy market
+        # would show "nothing launchable" long before it runs out.
+        held_here = sum(1 for i in held if (o := self.find(i)) is not None and single_unit(o))
+        q = rank_quote(book, job.spec, now=now, top=TOP_OPTIONS + len(self._taken) + held_here, max_rejected=20)
+        options = [o for o in q.options if self._launchable(o, self.find(o.offer_id), held)]
+        return q, options[:TOP_OPTIONS]
+
+    async def _held_offers(self) -> set[str]:
+        """Offers a live allocation holds, this replica's or another's (an intent counts: it is launching)."""
+        return {a.offer_id for a in await self._db(self.store.live_allocations)}
 
     @staticmethod
     def unplaceable_reason(q: Quote, options: list[QuoteOption]) -> str:
@@ -155,7 +184,8 @@ class Router:
         """Place a job the caller has claimed (state placing). Leaves it provisioning or pending."""
         now = self.clock()
         unhealthy = await self._db(self.store.unhealthy_nodes)
-        q, options = self.rank(job, now, unhealthy)
+        held = await self._held_offers()
+        q, options = self.rank(job, now, unhealthy, held)
         budget_left, budget_reason = await self._budget(job, now)
         if budget_reason:
             return await self._back_to_pending(job, budget_reason, [], {"budget": budget_reason})
@@ -180,8 +210,16 @@ class Router:
                 break
             if opt.provider in skip:
                 continue
-            offer = self.market.find(opt.offer_id)
-            assert offer is not None
+            offer = self.find(opt.offer_id)
+            if offer is None:  # a refresh since the ranking dropped it
+                continue
+            if single_unit(offer):
+                # One machine, one renter: skip what this process is launching on (or lost) and what a
+                # live allocation of any replica holds, instead of spending a try on a certain refusal.
+                # Check and reserve with no await in between, so concurrent placements never pick alike.
+                if offer.id in self._taken or offer.id in held:
+                    continue
+                self._taken.add(offer.id)
             outcome = await self._try(job, opt, offer, decision, tries)
             if isinstance(outcome, Placement):
                 return outcome
@@ -210,6 +248,8 @@ class Router:
         try:
             got = await provider.launch(req)
         except ProviderError as exc:
+            if not isinstance(exc, CapacityError):
+                self._taken.discard(offer.id)  # not gone, just not launched: others may try it
             kind = ("capacity" if isinstance(exc, CapacityError) else "quota" if isinstance(exc, QuotaError)
                     else "auth" if isinstance(exc, ProviderAuthError) else type(exc).__name__)
             tries.append({"offer_id": opt.offer_id, "provider": opt.provider, "sku": opt.sku, "zone": opt.zone,
@@ -221,6 +261,7 @@ class Router:
             log.info("job %s: %s on %s failed: %s", job.id, opt.sku, opt.zone or opt.region, exc)
             return "skip_provider" if isinstance(exc, QuotaError | ProviderAuthError) else "next"
         except Exception as exc:  # an adapter bug must not lose the job: record, try the next offer
+            self._taken.discard(offer.id)
             log.exception("job %s: launch on %s raised", job.id, opt.provider)
             tries.append({"offer_id": opt.offer_id, "provider": opt.provider, "error": repr(exc)[:300],
                           "kind": "error"})
@@ -233,8 +274,6 @@ class Router:
         attrs = {**alloc.attrs, **got.attrs}
         await self._db(self.store.update_allocation, alloc.id, state=state, resource_ids=got.resource_ids,
                        zone=got.zone or alloc.zone, attrs=attrs)
-        if offer.max_nodes == 1 and not offer.divisible:
-            self._taken.add(offer.id)
         try:
             placed = await self._db(
                 self.store.transition, job.id, JobState.provisioning,

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+UNHEALTHY_CACHE_S = 1.0
+
 
 def new_job_id() -> str:
     """Time-ordered, unguessable: 'j' + milliseconds (hex) + 8 random hex digits."""
@@ -73,6 +75,7 @@ class Lockstep:
         self._background: list[asyncio.Task[None]] = []
         self._stop_tracker: asyncio.Event | None = None
         self._tracker: Any = None
+        self._unhealthy_cache: tuple[float, dict[tuple[str, str], str]] | None = None
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -160,6 +163,18 @@ class Lockstep:
                                 for b in benches if b.healthy}
         self._preemption_rates = await self.db(load_preemption_rates, self._store, self.clock())
 
+    async def unhealthy_nodes(self) -> dict[tuple[str, str], str]:
+        """Nodes marked unhealthy, cached for a second: a quote must not pay a database round trip.
+
+        A drain through this service clears the cache at once; other writers are seen within a second.
+        """
+        if self._store is None:
+            return {}
+        now = time.monotonic()
+        if self._unhealthy_cache is None or now >= self._unhealthy_cache[0]:
+            self._unhealthy_cache = (now + UNHEALTHY_CACHE_S, await self.db(self._unhealthy))
+        return self._unhealthy_cache[1]
+
     def _unhealthy(self) -> dict[tuple[str, str], str]:
         if self._store is None:
             return {}
@@ -169,7 +184,7 @@ class Lockstep:
     async def quote(self, spec: JobSpec, *, top: int = 10, max_rejected: int | None = None) -> Quote:
         """Ranked options for ``spec`` with the reason for every rejected offer."""
         await self.ensure_offers()
-        unhealthy = await self.db(self._unhealthy) if self._store is not None else {}
+        unhealthy = await self.unhealthy_nodes()
         started = time.perf_counter()
         book = self.market.book(unhealthy_hosts=unhealthy)
         result = rank_quote(book, spec, now=self.clock(), top=top, max_rejected=max_rejected)
@@ -235,6 +250,7 @@ class Lockstep:
         if prov is None:
             raise NotFoundError(f"provider {provider} not configured")
         await self.db(self.store.set_node_health, provider, node, False, reason)
+        self._unhealthy_cache = None
         drained = False
         drain = getattr(prov, "drain", None)
         if drain is not None:

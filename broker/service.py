@@ -186,7 +186,7 @@ class Lockstep:
         await self.ensure_offers()
         unhealthy = await self.unhealthy_nodes()
         started = time.perf_counter()
-        book = self.market.book(unhealthy_hosts=unhealthy)
+        book = self.market.book(unhealthy_hosts=unhealthy, preemption_rates=self.preemption_rates())
         result = rank_quote(book, spec, now=self.clock(), top=top, max_rejected=max_rejected)
         if self.quote_observer:
             self.quote_observer(time.perf_counter() - started)

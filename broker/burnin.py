@@ -96,17 +96,19 @@ async def record_benchmark(svc: Lockstep, b: Benchmark, *, fabric: Fabric | None
 
 
 async def _pull_node(svc: Lockstep, provider: str, node: str, reason: str) -> dict[str, Any]:
-    # The store first: quotes reject the node from now on even if the provider cannot be reached.
-    await svc.db(svc.store.set_node_health, provider, node, False, reason)
-    prov = svc.market.providers.get(provider)
-    drain = getattr(prov, "drain", None)
-    if drain is None:
-        return {"drained": False, "why": "provider cannot drain nodes" if prov else "provider not configured"}
+    if provider not in svc.market.providers:
+        # No offers of it in this market to reject; the mark still reaches other replicas and later runs.
+        await svc.db(svc.store.set_node_health, provider, node, False, reason)
+        return {"drained": False, "why": "provider not configured"}
     try:
-        await drain(node, reason)
+        # The service marks the node in the store first (and forgets its cached health, so the very next
+        # quote rejects the node), then drains it at the provider.
+        done = await svc.drain_node(provider, node, reason)
     except ProviderError as exc:  # e.g. a SKU target, not a node: the store mark still applies
         log.warning("drain of %s on %s failed: %s", node, provider, exc)
         return {"drained": False, "why": str(exc)[:300]}
+    if not done["drained"]:
+        return {"drained": False, "why": "provider cannot drain nodes"}
     log.warning("drained %s on %s: %s", node, provider, reason)
     return {"drained": True, "reason": reason}
 
@@ -115,6 +117,7 @@ async def resume_node(svc: Lockstep, provider: str, node: str) -> None:
     """Put a node back: healthy in the store, resumed at its provider (the inverse of a failed gate).
 
     Never called automatically: a node an operator drained stays drained until someone decides.
+    Quotes in this process may keep rejecting the node for up to a second (the service caches health).
     """
     await svc.db(svc.store.set_node_health, provider, node, True, "")
     prov = svc.market.providers.get(provider)

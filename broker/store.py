@@ -667,9 +667,7 @@ class Store:
     def _price(row: Any) -> PricePoint:
         """A PricePoint from a row of PRICE_COLS (positional: attribute access on rows is slow)."""
         provider, market, sku, gpu, region, zone, stat, usd_per_hour, count, at = row
-        # Rows come from our own table, already typed: skip re-validation (the history
-        # query returns tens of thousands of points and validation was most of its time).
-        return PricePoint.model_construct(
+        return PricePoint(
             provider=provider,
             market=_MARKETS[market],
             sku=sku,

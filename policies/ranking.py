@@ -142,7 +142,7 @@ def quote(
     for i in shown:
         o = book.offers[int(i)]
         code, reason = describe(int(codes[i]), o, spec)
-        rejected.append(Rejection.model_construct(provider=o.provider, sku=o.sku, region=o.locality.region,
+        rejected.append(Rejection(provider=o.provider, sku=o.sku, region=o.locality.region,
                                   zone=o.locality.zone, offer_id=o.id, code=code, reason=reason))
     return Quote(job=spec, options=options, rejected=rejected, rejected_counts=counts,
                  offers_considered=len(book), at=now)

@@ -8,6 +8,7 @@ and checked against the EC2 service model by botocore's Stubber in tests.
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 
 from broker.config import AwsConfig
@@ -152,6 +153,9 @@ def run_instances_request(
             params["SecurityGroupIds"] = list(config.security_group_ids)
     if config.key_name:
         params["KeyName"] = config.key_name
+    script = user_data(req)
+    if script:
+        params["UserData"] = script  # botocore base64-encodes it for RunInstances
     if market is Market.spot:
         spot: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
         if req.spec.max_usd_per_hour:
@@ -164,6 +168,22 @@ def run_instances_request(
             "CapacityReservationTarget": {"CapacityReservationId": capacity_reservation_id}
         }
     return params
+
+
+def user_data(req: LaunchRequest) -> str | None:
+    """The boot script: run the job's image with its command on all the node's GPUs.
+
+    cloud-init runs it as root on the GPU AMIs (NVIDIA driver + container toolkit).
+    The job's id and attempt go in as environment so the workload can resume from
+    its checkpoint after a preemption. None when the job has no command.
+    """
+    if not req.spec.command.strip():
+        return None
+    env = f"-e LOCKSTEP_JOB_ID={shlex.quote(req.job_id)} -e LOCKSTEP_ATTEMPT={req.attempt}"
+    run = (f"docker run --rm --gpus all --network host --ipc host {env} "
+           f"{shlex.quote(req.spec.image)} bash -lc {shlex.quote(req.spec.command)}")
+    return "\n".join(["#!/bin/bash", f"# Lockstep job {req.job_id}, attempt {req.attempt}",
+                      "set -euo pipefail", run]) + "\n"
 
 
 def create_placement_group_request(name: str, tags: dict[str, str]) -> dict[str, Any]:

@@ -123,11 +123,19 @@ async def reconcile(
                 if mine.state in (AllocationState.intent, AllocationState.failed, AllocationState.unknown):
                     update["state"] = a.state if a.state not in (AllocationState.intent, AllocationState.unknown) \
                         else AllocationState.pending
-                await db(store.update_allocation, mine.id, **update)
+                try:
+                    await db(store.update_allocation, mine.id, **update)
+                except ConflictError:  # since we read, the job took another live allocation (a replica)
+                    await release(p, a, f"duplicate: job {job.id} holds another live allocation", mine)
+                    continue
                 report.adopted.append(mine.id)
             else:
                 rec = a.model_copy(update={"state": a.state if a.state in LIVE_ALLOC[1:] else AllocationState.pending})
-                rec = await db(store.add_allocation, rec)
+                try:
+                    rec = await db(store.add_allocation, rec)
+                except ConflictError:
+                    await release(p, a, f"duplicate: job {job.id} holds another live allocation", None)
+                    continue
                 report.adopted.append(rec.id)
 
     # (c) intents the provider never acted on.
@@ -136,10 +144,15 @@ async def reconcile(
             continue
         if any(_same(a, rec) for a in owned[rec.provider]):
             continue
-        job = await job_of(rec.job_id)
-        if job is not None and job.state is JobState.placing and not single_writer \
-                and now - job.updated_at < stale_after:
-            continue  # another replica may be launching it right now
+        # With replicas, a recent intent is most likely another replica's launch in flight, which our
+        # listing of the provider (taken before) cannot show yet, whatever state its job is in by now.
+        if not single_writer and now - rec.created_at < stale_after:
+            continue
+        # Look again just before failing it: its launch may have completed since we read it. (Failing
+        # a completed one would requeue its job and leak what it launched.)
+        current = await db(store.get_allocation, rec.id)
+        if current.state is not AllocationState.intent or current.resource_ids:
+            continue
         await db(store.update_allocation, rec.id, state=AllocationState.failed,
                  reason="launch did not complete before a broker restart")
         report.failed_intents.append(rec.id)

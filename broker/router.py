@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.config import Settings
 from broker.errors import (
+    BadRequestError,
     CapacityError,
     ConflictError,
     ProviderAuthError,
@@ -43,7 +44,7 @@ from broker.models import (
 )
 from policies.placement import Decision, candidates, decide
 from policies.ranking import quote as rank_quote
-from providers.base import LaunchRequest
+from providers.base import LaunchRequest, Provider
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -220,6 +221,10 @@ class Router:
                 if offer.id in self._taken or offer.id in held:
                     continue
                 self._taken.add(offer.id)
+                # Another replica may have written its intent on it since: look again, just before ours.
+                held = await self._held_offers()
+                if offer.id in held:
+                    continue
             outcome = await self._try(job, opt, offer, decision, tries)
             if isinstance(outcome, Placement):
                 return outcome
@@ -246,7 +251,7 @@ class Router:
         await self._db(self.store.update_job, job.id, attempts=attempt)
         await self._db(self.store.add_allocation, alloc)
         try:
-            got = await provider.launch(req)
+            got = await self._launch(provider, req)
         except ProviderError as exc:
             if not isinstance(exc, CapacityError):
                 self._taken.discard(offer.id)  # not gone, just not launched: others may try it
@@ -293,6 +298,27 @@ class Router:
         if self.on_placed:
             self.on_placed(opt.provider, "placed")
         return Placement(placed, True, placed.reason, tries)
+
+    async def _launch(self, provider: Provider, req: LaunchRequest) -> Allocation:
+        """``provider.launch``; after an error that may have come after the launch went through (a lost
+        answer, a timeout, an adapter bug), ask the provider whether this attempt now holds something,
+        rather than move on and leave it running unrecorded until the next restart's reconciliation."""
+        try:
+            return await provider.launch(req)
+        except (CapacityError, QuotaError, ProviderAuthError, BadRequestError):
+            raise  # refusals: nothing was launched
+        except Exception as launch_error:
+            try:
+                held = await provider.owned()
+            except Exception as exc:  # cannot tell: the launch error stands; reconciliation settles it
+                log.warning("job %s: cannot check %s after a failed launch: %s", req.job_id, provider.name, exc)
+                raise launch_error from None
+            for a in held:
+                if a.job_id == req.job_id and a.attempt == req.attempt:
+                    log.info("job %s: launch attempt %d on %s went through despite the error",
+                             req.job_id, req.attempt, provider.name)
+                    return a.model_copy(update={"client_token": a.client_token or req.client_token})
+            raise
 
     async def _back_to_pending(self, job: Job, reason: str, tries: list[dict[str, Any]],
                                decision: dict[str, Any]) -> Placement:

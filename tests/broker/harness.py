@@ -23,8 +23,9 @@ from broker.service import Lockstep
 from broker.specs import parse_spec
 from broker.store import Store
 from providers.base import OWNER_TAG
+from tests.plugins.moto import FaultProxy
 from tests.plugins.vast import VAST_TEST_KEY
-from tests.vastapi.server import VastState
+from tests.vastapi.server import VastApiServer, VastState
 
 ROOT = Path(__file__).resolve().parents[2]
 LIVE = (AllocationState.intent, AllocationState.pending, AllocationState.running, AllocationState.unknown)
@@ -68,6 +69,12 @@ def child_env(db_url: str, vast_url: str, aws_url: str) -> dict[str, str]:
         "PYTHONPATH": str(ROOT),
     })
     return env
+
+
+def launches(vast: VastApiServer, proxy: FaultProxy) -> int:
+    """Launch calls the providers have received so far (Vast rentals and EC2 RunInstances)."""
+    rents = sum(1 for r in vast.state.requests if r["method"] == "PUT" and r["path"].startswith("/api/v0/asks/"))
+    return rents + len(proxy.actions("RunInstances"))
 
 
 class BrokerChild:
@@ -153,6 +160,19 @@ class Audit:
     vast: dict[str, dict]  # instance id → the server's record (label, ask_id)
     problems: list[str] = field(default_factory=list)
 
+    def explain(self) -> str:
+        """The problems, with the allocations and events of every job they name (for failure messages)."""
+        lines = list(self.problems)
+        named = {j for j in self.jobs if any(j in q for q in self.problems)}
+        for job_id in sorted(named):
+            job = self.jobs[job_id]
+            lines.append(f"-- {job_id}: {job.state.value} attempts={job.attempts} {job.reason!r}")
+            lines += [f"   alloc {x.id} #{x.attempt} {x.state.value} {x.resource_ids} {x.reason!r}"
+                      for x in self.allocs if x.job_id == job_id]
+            lines += [f"   event {e.at:%H:%M:%S.%f} {e.from_state} -> {e.to_state.value} {e.reason!r}"
+                      for e in job.events]
+        return "\n".join(lines)
+
     @property
     def states(self) -> Counter[str]:
         return Counter(j.state.value for j in self.jobs.values())
@@ -184,14 +204,24 @@ def vast_instances(state: VastState, installation: str) -> dict[str, dict]:
     return {str(iid): inst for iid, inst in state.instances.items() if str(inst.get("label") or "").startswith(prefix)}
 
 
-async def audit(db_url: str, installation: str, aws_endpoint: str, vast_state: VastState) -> Audit:
-    """Compare the store with what the providers hold; ``Audit.problems`` lists every disagreement."""
+def _read(db_url: str, events: bool) -> tuple[dict[str, Job], list[Allocation]]:
     store = Store(db_url)
     try:
-        jobs = {j.id: j for j in await asyncio.to_thread(store.jobs_in_states, list(JobState))}
-        allocs = await asyncio.to_thread(store.allocations)
+        jobs = {j.id: j for j in store.jobs_in_states(list(JobState))}
+        if events:
+            jobs = {i: store.get_job(i) for i in jobs}
+        return jobs, store.allocations()
     finally:
         store.close()
+
+
+async def audit(db_url: str, installation: str, aws_endpoint: str, vast_state: VastState,
+                events: bool = False) -> Audit:
+    """Compare the store with what the providers hold; ``Audit.problems`` lists every disagreement.
+
+    ``events``: read each job with its events (slower).
+    """
+    jobs, allocs = await asyncio.to_thread(_read, db_url, events)
     a = Audit(jobs, allocs, await asyncio.to_thread(aws_instances, aws_endpoint, installation),
               vast_instances(vast_state, installation))
     p = a.problems

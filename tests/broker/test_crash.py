@@ -22,18 +22,16 @@ from pathlib import Path
 
 import pytest
 
-from broker.models import JobState
-from tests.broker.harness import Brokers, audit, child_env, submit_jobs
+from broker.config import BrokerConfig, Settings, VastConfig
+from broker.models import AllocationState, JobState
+from broker.service import Lockstep
+from broker.store import Store
+from providers.vast import VastProvider
+from tests.broker.harness import Brokers, audit, child_env, launches, submit_jobs
 from tests.plugins.moto import FaultProxy
 from tests.vastapi.server import VastApiServer
 
 JOBS = 100
-
-
-def launches(vast: VastApiServer, proxy: FaultProxy) -> int:
-    """Launch calls the providers have received so far (Vast rentals and EC2 RunInstances)."""
-    rents = sum(1 for r in vast.state.requests if r["method"] == "PUT" and r["path"].startswith("/api/v0/asks/"))
-    return rents + len(proxy.actions("RunInstances"))
 
 
 @pytest.fixture
@@ -72,7 +70,7 @@ async def test_sigkill_mid_placement_leaves_nothing_behind(
     report = (await second.line())["report"]
     assert not report["unreachable"], report
     after = await audit(db_url, installation, aws_faults.upstream, vast_api.state)
-    assert not after.problems, (report, after.problems)
+    assert not after.problems, f"{report}\n{after.explain()}"
     assert JobState.placing.value not in after.states
     assert report["to_provisioning"] or report["requeued"], report
     for job in before.jobs.values():  # whatever the crash left half-done went one way or the other
@@ -83,6 +81,29 @@ async def test_sigkill_mid_placement_leaves_nothing_behind(
     second.go()
     out = await second.result()
     done = await audit(db_url, installation, aws_faults.upstream, vast_api.state)
-    assert not done.problems, done.problems
+    assert not done.problems, done.explain()
     assert sum(out["counts"].get(s.value, 0) for s in (JobState.provisioning, JobState.running)) == JOBS, out
     assert len(done.vast) == JOBS // 2 and len(done.aws) == JOBS // 2
+
+
+async def test_a_launch_whose_answer_is_lost_is_adopted_not_repeated(
+        tmp_path: Path, vast_api: VastApiServer, vast_config: VastConfig) -> None:
+    """Vast rents the machine but the answer is lost (502) and the adapter does not retry: the router
+    must find the rental (by its label) instead of renting a second machine and leaking the first."""
+    db_url = f"sqlite:///{tmp_path / 'lost.db'}"
+    installation = "lost-answer"
+    [job] = await submit_jobs(db_url, 1)
+    store = Store(db_url)
+    cfg = vast_config.model_copy(update={"max_attempts": 1})
+    svc = Lockstep(Settings(db_url=db_url, broker=BrokerConfig(installation=installation)),
+                   providers={"vast": VastProvider(cfg, installation=installation)}, store=store)
+    try:
+        vast_api.state.faults.lose_next_create = 1
+        await svc.place_now([job.id])
+        job = await svc.get_job(job.id)
+        assert job.state is JobState.provisioning, job.reason
+        allocs = await svc.job_allocations(job.id)
+        assert [(a.state, a.attempt) for a in allocs] == [(AllocationState.pending, 1)], allocs
+        assert [str(i) for i in vast_api.state.instances] == allocs[0].resource_ids
+    finally:
+        await svc.aclose()

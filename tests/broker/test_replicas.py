@@ -1,0 +1,77 @@
+"""Two broker replicas (two processes) on one PostgreSQL database place 200 jobs at once.
+
+The second starts while the first is already placing, so its start-up reconciliation meets launches
+in flight. They coordinate only through the database: a job is claimed by a row-locked pending →
+placing transition, and a Vast machine another replica is launching on shows as that replica's
+intent. Afterwards: every job placed exactly once (one claim, one provisioning transition, one live
+allocation), every provider resource owned by exactly one allocation, no Vast ask rented for two
+jobs (the server's own record of rentals), and both replicas did part of the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from broker.models import JobState
+from tests.broker.harness import Brokers, audit, child_env, launches, submit_jobs
+from tests.plugins.moto import FaultProxy
+from tests.vastapi.server import VastApiServer
+
+JOBS = 200
+
+
+@pytest.fixture
+async def brokers(tmp_path: Path, pg_database: Callable[[], str], vast_api: VastApiServer,
+                  aws_proxy_config) -> AsyncIterator[Brokers]:
+    db_url = pg_database()
+    env = child_env(db_url, vast_api.url, aws_proxy_config.endpoint_url)
+    b = Brokers(f"replicas-{secrets.token_hex(3)}", db_url, env, tmp_path / "brokers.log")
+    yield b
+    await b.kill_all()
+
+
+@pytest.mark.timeout(180)
+async def test_two_replicas_place_every_job_once(brokers: Brokers, vast_api: VastApiServer,
+                                                 aws_faults: FaultProxy) -> None:
+    await submit_jobs(brokers.db_url, JOBS)
+    # The second replica starts while the first is placing, so its start-up reconciliation runs
+    # against another replica's launches in flight (which it must leave alone).
+    a = await brokers.start("until-placed")
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 90
+    while launches(vast_api, aws_faults) < 20:
+        assert a.proc is not None and a.proc.returncode is None and loop.time() < end, brokers.log.read_text()[-3000:]
+        await asyncio.sleep(0.01)
+    b = await brokers.start("until-placed")
+    out_a, out_b = await asyncio.gather(a.result(), b.result())
+
+    done = await audit(brokers.db_url, brokers.installation, aws_faults.upstream, vast_api.state, events=True)
+    assert not done.problems, done.explain()
+    assert done.states[JobState.provisioning.value] + done.states[JobState.running.value] == JOBS, done.states
+    assert len(done.vast) == JOBS // 2 and len(done.aws) == JOBS // 2
+
+    # Placed once: one claim and one launch per job, by one replica.
+    workers: Counter[str] = Counter()
+    for job in done.jobs.values():
+        claims = [e for e in job.events if e.to_state is JobState.placing]
+        launched = [e for e in job.events if e.to_state is JobState.provisioning]
+        assert len(launched) == 1, (job.id, [(e.to_state, e.reason) for e in job.events])
+        workers[claims[-1].data["worker"]] += 1
+    assert set(workers) == {out_a["worker"], out_b["worker"]}, workers  # both replicas placed jobs
+
+    # No offer double-booked: every ask the server rented out backs exactly one live allocation, of one job.
+    rentals = {str(iid): inst for iid, inst in vast_api.state.instances.items()}
+    by_ask = Counter(inst["ask_id"] for inst in rentals.values())
+    assert max(by_ask.values()) == 1
+    vast_allocs = [x for x in done.allocs if x.provider == "vast" and x.state.value in ("pending", "running")]
+    assert len({x.job_id for x in vast_allocs}) == len(vast_allocs) == JOBS // 2
+    for x in vast_allocs:
+        [rid] = x.resource_ids
+        assert str(rentals[rid]["ask_id"]) == x.attrs["ask_id"], (x, rentals[rid])
+        assert rentals[rid]["label"].split(":")[2] == x.job_id

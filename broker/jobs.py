@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 ENDED = (AllocationState.released, AllocationState.failed, AllocationState.succeeded, AllocationState.preempted)
 RETRY_AFTER = timedelta(seconds=15)  # a job that could not be placed waits this long before the next try
+# Reconciliation runs at start and then this often: it resolves what a crashed replica left (its placing
+# jobs and intents, once older than reconcile's stale_after) and retries releases that failed.
+RECONCILE_EVERY_S = 300.0
 
 
 class Broker:
@@ -66,6 +69,7 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
         self._sem = asyncio.Semaphore(8)
+        self._reconciled_at: float | None = None  # loop time of the last reconciliation
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -234,17 +238,29 @@ class Broker:
             if wake is not None:
                 wake.clear()
 
+    async def reconcile_periodic(self) -> None:
+        """A reconciliation beside this process's own placement loop (never exclusive)."""
+        if self._reconciled_at is not None and \
+                asyncio.get_running_loop().time() - self._reconciled_at < RECONCILE_EVERY_S * 0.9:
+            return  # the loop's first turn comes right after the start-up pass
+        self._reconciled_at = asyncio.get_running_loop().time()
+        report = await reconcile(self.store, self.market.providers, clock=self.clock, exclusive=False)
+        if report.released or report.failed_intents or report.requeued or report.to_provisioning:
+            log.info("periodic reconciliation: %s", report)
+
     async def start(self, *, reconcile_first: bool = True) -> None:
         if reconcile_first:
             await self.market.refresh()
             report = await reconcile(self.store, self.market.providers, clock=self.clock)
             log.info("reconciliation: %s", report)
+        self._reconciled_at = asyncio.get_running_loop().time()
         b = self.settings.broker
         self._stop.clear()
         self._tasks = [
             asyncio.create_task(self._loop("refresh", b.refresh_interval_s, self.market.refresh)),
             asyncio.create_task(self._loop("place", b.place_interval_s, self.place_pending, self.wake)),
             asyncio.create_task(self._loop("poll", b.poll_interval_s, self.poll_once)),
+            asyncio.create_task(self._loop("reconcile", RECONCILE_EVERY_S, self.reconcile_periodic)),
         ]
 
     async def stop(self) -> None:

@@ -69,11 +69,19 @@ async def reconcile(
     *,
     clock: Callable[[], datetime] = utcnow,
     stale_after: timedelta = timedelta(minutes=5),
+    exclusive: bool | None = None,
 ) -> ReconcileReport:
+    """Make the store and the providers agree (see the module's doc); returns what was done.
+
+    ``exclusive``: no placement can be running anywhere right now, so every intent and every job in
+    placing is a crash's leftover and is resolved at once. Default: at start-up on SQLite (one broker
+    process per file). Otherwise (PostgreSQL replicas, or a periodic pass beside this process's own
+    placement loop) intents and placing jobs younger than ``stale_after`` are left alone.
+    """
     db = asyncio.to_thread
     report = ReconcileReport()
     now = clock()
-    single_writer = bool(getattr(store, "is_sqlite", False))
+    single_writer = bool(getattr(store, "is_sqlite", False)) if exclusive is None else exclusive
 
     owned: dict[str, list[Allocation]] = {}
     for name, p in providers.items():

@@ -14,11 +14,16 @@ import asyncio
 import secrets
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from broker.models import JobState
+from broker.config import VastConfig
+from broker.models import Allocation, AllocationState, JobState, utcnow
+from broker.reconcile import reconcile
+from broker.store import Store
+from providers.vast import VastProvider
 from tests.broker.harness import Brokers, audit, child_env, launches, submit_jobs
 from tests.plugins.moto import FaultProxy
 from tests.vastapi.server import VastApiServer
@@ -75,3 +80,31 @@ async def test_two_replicas_place_every_job_once(brokers: Brokers, vast_api: Vas
         [rid] = x.resource_ids
         assert str(rentals[rid]["ask_id"]) == x.attrs["ask_id"], (x, rentals[rid])
         assert rentals[rid]["label"].split(":")[2] == x.job_id
+
+
+async def test_a_dead_replicas_placement_is_left_while_fresh_then_resolved(
+        pg_database: Callable[[], str], vast_api: VastApiServer, vast_config: VastConfig) -> None:
+    """A replica died between writing its intent and launching. Other replicas cannot tell that from a
+    launch in flight, so reconciliation leaves it alone until it is stale, then fails the intent and
+    requeues the job (the periodic pass does this without any restart)."""
+    db_url = pg_database()
+    [job] = await submit_jobs(db_url, 1)
+    store = Store(db_url)
+    try:
+        store.transition(job.id, JobState.placing, "claimed by broker-dead", {"worker": "broker-dead"},
+                         {JobState.pending}, claimed_by="broker-dead")
+        store.add_allocation(Allocation(id="a-dead", job_id=job.id, attempt=1, provider="vast",
+                                        state=AllocationState.intent, client_token="ls-dead"))
+        providers = {"vast": VastProvider(vast_config, installation="replicas-dead")}
+        fresh = await reconcile(store, providers, exclusive=False)
+        assert not fresh.failed_intents and not fresh.requeued, fresh
+        assert store.get_job(job.id).state is JobState.placing
+
+        stale = await reconcile(store, providers, exclusive=False,
+                                clock=lambda: utcnow() + timedelta(minutes=6))
+        assert stale.failed_intents == ["a-dead"] and stale.requeued == [job.id], stale
+        assert store.get_job(job.id).state is JobState.pending
+        assert [a.state for a in store.allocations(job.id)] == [AllocationState.failed]
+        await providers["vast"].aclose()
+    finally:
+        store.close()

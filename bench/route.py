@@ -86,12 +86,14 @@ async def run(n: int, vast_share: float) -> None:
         jobs = [await svc.submit(s) for s in specs]
         submitted = time.perf_counter()
         passes = 0
+        left_before = n
         while True:
             passes += 1
             await svc.place_now()
             left = await svc.db(store.jobs_in_states, [JobState.pending, JobState.placing])
-            if not left or passes >= 20:
+            if not left or len(left) == left_before or passes >= 20:  # done, or the market ran out
                 break
+            left_before = len(left)
         elapsed = time.perf_counter() - start
 
         latencies: list[float] = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 
 
 TOP_OPTIONS = 50  # launchable options considered per job
+HELD_TTL_S = 1.0  # how long a read of the offers live allocations hold is reused
 
 
 def new_alloc_id() -> str:
@@ -96,6 +98,7 @@ class Router:
         self._taken_at: datetime | None = None
         self._index: dict[str, Offer] = {}  # offers by id, for the snapshot of _index_at
         self._index_at: datetime | None = None
+        self._held: tuple[float, set[str]] | None = None  # (monotonic time read, offer ids)
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -136,8 +139,21 @@ class Router:
         return q, options[:TOP_OPTIONS]
 
     async def _held_offers(self) -> set[str]:
-        """Offers a live allocation holds, this replica's or another's (an intent counts: it is launching)."""
-        return {a.offer_id for a in await self._db(self.store.live_allocations)}
+        """Offers a live allocation holds, this replica's or another's (an intent counts: it is launching).
+
+        Read at most once a second and shared by concurrent placements: a full read per placement
+        grows with the number of live allocations. What the cache misses is caught by ``_taken`` (this
+        process's launches), ``_launching_elsewhere`` (other replicas' launches in flight) or, at worst,
+        by the provider refusing the rental.
+        """
+        now = time.monotonic()
+        if self._held is None or now - self._held[0] > HELD_TTL_S:
+            self._held = (now, {a.offer_id for a in await self._db(self.store.live_allocations)})
+        return self._held[1]
+
+    async def _launching_elsewhere(self) -> set[str]:
+        """Offers with an intent on them: launches in flight (few rows, read fresh)."""
+        return {a.offer_id for a in await self._db(self.store.allocations, None, [AllocationState.intent])}
 
     @staticmethod
     def unplaceable_reason(q: Quote, options: list[QuoteOption]) -> str:
@@ -146,7 +162,8 @@ class Router:
             counts = ", ".join(f"{k}: {v}" for k, v in sorted(q.rejected_counts.items(), key=lambda kv: -kv[1]))
             return f"no feasible offer ({counts or 'no offers'})"
         if not options:
-            return "no launchable offer: feasible offers come only from the read-only catalog"
+            return ("no launchable offer right now: the feasible ones are single machines already taken, "
+                    "or come only from the read-only catalog")
         return ""
 
     async def _budget(self, job: Job, now: datetime) -> tuple[float | None, str]:
@@ -222,8 +239,7 @@ class Router:
                     continue
                 self._taken.add(offer.id)
                 # Another replica may have written its intent on it since: look again, just before ours.
-                held = await self._held_offers()
-                if offer.id in held:
+                if offer.id in await self._launching_elsewhere():
                     continue
             outcome = await self._try(job, opt, offer, decision, tries)
             if isinstance(outcome, Placement):

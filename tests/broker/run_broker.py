@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-from broker.config import load_settings
+from broker.config import Settings, load_settings
 from broker.models import JobState
 from broker.reconcile import reconcile
 from broker.registry import build_providers
@@ -35,7 +35,7 @@ from broker.service import Lockstep
 from broker.store import Store
 
 
-def settings_for(installation: str, worker_interval_s: float) -> Any:
+def settings_for(installation: str, worker_interval_s: float) -> Settings:
     return load_settings(
         aws={"enabled": True, "regions": ["us-east-1"], "region_timeout_s": 60.0, "max_attempts": 2,
              "placement_groups": False, "capacity_reservations": False},  # moto emulates neither

@@ -95,7 +95,7 @@ class Broker:
             pending = [j for j in pending if self._retry_at.get(j.id, now) <= now]
         results: list[Placement] = []
         unhealthy = await self._db(self.store.unhealthy_nodes) if pending else {}
-        held = await self.router._held_offers() if pending else set()
+        held = await self.router.held_offers() if pending else set()
         # Same spec, same book, same moment: same verdict. Many jobs share a spec (a sweep, a
         # batch), and ranking is the CPU cost of a pass, so each distinct spec is ranked once.
         verdicts: dict[str, str] = {}

@@ -138,7 +138,7 @@ class Router:
         options = [o for o in q.options if self._launchable(o, self.find(o.offer_id), held)]
         return q, options[:TOP_OPTIONS]
 
-    async def _held_offers(self) -> set[str]:
+    async def held_offers(self) -> set[str]:
         """Offers a live allocation holds, this replica's or another's (an intent counts: it is launching).
 
         Read at most once a second and shared by concurrent placements: a full read per placement
@@ -202,7 +202,7 @@ class Router:
         """Place a job the caller has claimed (state placing). Leaves it provisioning or pending."""
         now = self.clock()
         unhealthy = await self._db(self.store.unhealthy_nodes)
-        held = await self._held_offers()
+        held = await self.held_offers()
         q, options = self.rank(job, now, unhealthy, held)
         budget_left, budget_reason = await self._budget(job, now)
         if budget_reason:

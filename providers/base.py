@@ -55,6 +55,23 @@ class OfferQuery(BaseModel):
         )
 
 
+def matches(o: Offer, q: OfferQuery) -> bool:
+    """Does an offer meet a query? The one push-down check every provider shares.
+
+    It errs on the side of keeping an offer: what it cannot judge (an offer with no
+    region, an unknown reliability) passes, and the router filters again.
+    """
+    return (
+        (q.gpus is None or o.gpu in q.gpus)
+        and (q.markets is None or o.market in q.markets)
+        and (q.regions is None or not o.locality.region or o.locality.region in q.regions)
+        and (q.min_gpus_per_node is None or o.gpu_count >= q.min_gpus_per_node)
+        and (q.min_gpu_memory_gb is None or o.gpu_memory_gb >= q.min_gpu_memory_gb)
+        and (q.max_usd_per_hour is None or o.usd_per_hour <= q.max_usd_per_hour)
+        and (q.min_reliability is None or o.reliability is None or o.reliability >= q.min_reliability)
+    )
+
+
 class LaunchRequest(BaseModel):
     job_id: str
     tenant: str = "default"

@@ -21,7 +21,7 @@ from importlib import resources
 from typing import Any
 
 from broker.models import Colocate, Fabric, IntraNode, Locality, Market, Network, Offer
-from providers.base import OfferQuery, Provider
+from providers.base import OfferQuery, Provider, matches
 
 CATALOG_SOURCE = "catalog"
 DEFAULT_MAX_CLUSTER_NODES = 16  # nodes in one cluster placement group we are willing to promise
@@ -194,24 +194,6 @@ def catalog_offers(
     return cached
 
 
-def _matches(o: Offer, q: OfferQuery) -> bool:
-    """Cheap push-down; errs on the side of keeping an offer (the router filters again)."""
-    if q.gpus is not None and o.gpu not in q.gpus:
-        return False
-    if q.markets is not None and o.market not in q.markets:
-        return False
-    # Vast offers have no region: keep them, the router decides what "" means for a region list.
-    if q.regions is not None and o.locality.region and o.locality.region not in q.regions:
-        return False
-    if q.min_gpus_per_node is not None and o.gpu_count < q.min_gpus_per_node:
-        return False
-    if q.min_gpu_memory_gb is not None and o.gpu_memory_gb < q.min_gpu_memory_gb:
-        return False
-    if q.max_usd_per_hour is not None and o.usd_per_hour > q.max_usd_per_hour:
-        return False
-    return True
-
-
 class CatalogProvider(Provider):
     """Read-only provider over the bundled catalog (``can_launch`` is False)."""
 
@@ -227,4 +209,4 @@ class CatalogProvider(Provider):
         everything = catalog_offers(self.path, self.max_cluster_nodes)
         if query is None:
             return list(everything)
-        return [o for o in everything if _matches(o, query)]
+        return [o for o in everything if matches(o, query)]

@@ -63,7 +63,7 @@ from broker.models import (
     Perf,
     utcnow,
 )
-from providers.base import LaunchRequest, OfferQuery, Provider
+from providers.base import LaunchRequest, OfferQuery, Provider, matches
 
 log = logging.getLogger(__name__)
 
@@ -321,7 +321,7 @@ class VastProvider(Provider):
             if not isinstance(raw, dict):
                 continue
             for offer in self._normalise(raw, q, want_od, want_spot):
-                if self._matches(offer, q):
+                if matches(offer, q):
                     out.append(offer)
         return out
 
@@ -404,21 +404,6 @@ class VastProvider(Provider):
                              usd_per_hour=round(_num(min_bid) + storage_h, 6),
                              attrs=dict(attrs), **common))
         return out
-
-    @staticmethod
-    def _matches(o: Offer, q: OfferQuery) -> bool:
-        """The checks the API cannot make exactly (A100 40 vs 80 GB share a name; storage is ours)."""
-        if q.gpus is not None and o.gpu not in q.gpus:
-            return False
-        if q.min_gpus_per_node is not None and o.gpu_count < q.min_gpus_per_node:
-            return False
-        if q.min_gpu_memory_gb is not None and o.gpu_memory_gb < q.min_gpu_memory_gb:
-            return False
-        if q.max_usd_per_hour is not None and o.usd_per_hour > q.max_usd_per_hour:
-            return False
-        if q.min_reliability is not None and (o.reliability or 0.0) < q.min_reliability:
-            return False
-        return True
 
     # ----------------------------------------------------------------------- instances
 

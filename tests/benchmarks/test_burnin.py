@@ -7,13 +7,12 @@ Every node a test drains is resumed before the test ends.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -30,23 +29,13 @@ from providers.base import LaunchRequest
 from providers.slurm import SlurmProvider
 from tests.conftest import ROOT
 from tests.plugins.slurm import SlurmCluster
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.slurm
 
 T = TypeVar("T")
 
 
-async def eventually(fn: Callable[[], Awaitable[T]], ok: Callable[[T], bool], what: str, limit_s: float = 90) -> T:
-    """Poll until ``ok``; the deadline only turns a hang into a clear failure (nothing is timed)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while True:
-        value = await fn()
-        if ok(value):
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"never happened: {what} (last: {value!r})")
-        await asyncio.sleep(0.5)
 
 
 def make_settings(tmp_path: Path, slurm_config: SlurmConfig, installation: str) -> Settings:

@@ -6,12 +6,11 @@ Every job a test submits belongs to the session's own installation and is cancel
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -24,23 +23,13 @@ from broker.models import Allocation, AllocationState, Colocate, Fabric, JobSpec
 from providers.base import LaunchRequest
 from providers.slurm import SlurmProvider
 from tests.plugins.slurm import SlurmCluster
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.slurm
 
 T = TypeVar("T")
 
 
-async def eventually(fn: Callable[[], Awaitable[T]], ok: Callable[[T], bool], what: str, limit_s: float = 90) -> T:
-    """Poll until ``ok``; a deadline only to fail clearly instead of hanging (no timing is asserted)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while True:
-        value = await fn()
-        if ok(value):
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"never happened: {what} (last: {value!r})")
-        await asyncio.sleep(0.5)
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from broker.nccl import parse_nccl, to_benchmark
 from policies.health import HealthThresholds, assess_with
 
 if TYPE_CHECKING:
+    from broker.config import Settings
     from broker.service import Lockstep
     from providers.slurm import SlurmProvider
 
@@ -255,7 +256,12 @@ async def collect_burnin(svc: Lockstep, provider: str, stem: str) -> list[Benchm
 
 
 def results_dir(svc: Lockstep) -> Path:
-    configured = svc.settings.health.burnin_results_dir
+    return results_path(svc.settings)
+
+
+def results_path(settings: Settings) -> Path:
+    """Where burn-in steps leave their JSON (``health.burnin_results_dir``, else a temp dir)."""
+    configured = settings.health.burnin_results_dir
     return Path(configured) if configured else Path(tempfile.gettempdir()) / "lockstep-burnin"
 
 

@@ -33,6 +33,7 @@ from broker.reconcile import reconcile
 from broker.router import Placement, Router
 
 if TYPE_CHECKING:
+    from broker.service import Lockstep
     from broker.store import Store
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,9 @@ class Broker:
         preemption_rates: Callable[[], dict[tuple[str, str, str], float]] | None = None,
         on_placed: Callable[[str, str], None] | None = None,
         wake: asyncio.Event | None = None,
+        service: Lockstep | None = None,
     ) -> None:
+        self.service = service  # for burn-in results (benchmarks are recorded and judged by the service)
         self.settings = settings
         self.store = store
         self.market = market
@@ -170,6 +173,15 @@ class Broker:
             await self._db(self.store.update_allocation, alloc.id, state=state, attrs=attrs,
                            reason=reason or alloc.reason)
         spent = job.spent_usd + self._cost(alloc, attrs, now) if state in ENDED else job.spent_usd
+        if job.spec.burn_in and self.service is not None and alloc.provider == "slurm" and state in (
+                AllocationState.running, AllocationState.succeeded, AllocationState.failed):
+            bad = await self._burn_in_failure(job, alloc)
+            if bad and state is AllocationState.running:
+                try:
+                    await self.requeue(job, alloc, bad, spent)
+                except ConflictError:
+                    pass
+                return
 
         try:
             if state is AllocationState.running and job.state is JobState.provisioning:
@@ -191,6 +203,15 @@ class Broker:
                 await self.requeue(job, alloc, reason or "allocation disappeared at the provider", spent)
         except ConflictError:
             pass  # someone else moved the job (cancel); the next poll sees the new state
+
+    async def _burn_in_failure(self, job: Job, alloc: Allocation) -> str:
+        """Record what the allocation's burn-in step measured; the reason when a node failed it, else ''."""
+        from broker.burnin import collect_burnin, job_stem
+
+        assert self.service is not None
+        benches = await collect_burnin(self.service, alloc.provider, job_stem(job.id, alloc.attempt))
+        bad = [b for b in benches if not b.healthy]
+        return f"burn-in failed on {bad[0].target}: {bad[0].reason}" if bad else ""
 
     @staticmethod
     def _cost(alloc: Allocation, attrs: dict[str, str], now: datetime) -> float:

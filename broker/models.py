@@ -305,6 +305,11 @@ class JobSpec(BaseModel):
     command: str = ""
     disk_gb: float = Field(default=100.0, ge=0)
     labels: dict[str, str] = Field(default_factory=dict)
+    burn_in: bool = Field(
+        default=False,
+        description="on Slurm, run the node probe before the command; an unhealthy node is drained and the job "
+        "placed elsewhere",
+    )
 
     @field_validator("name")
     @classmethod

@@ -255,7 +255,14 @@ class Router:
         provider = self.market.providers[opt.provider]
         fresh = await self._db(self.store.get_job, job.id)
         attempt = fresh.attempts + 1
-        req = LaunchRequest(job_id=job.id, tenant=job.tenant, attempt=attempt, spec=job.spec, offer=offer,
+        spec = job.spec
+        if spec.burn_in and opt.provider == "slurm":
+            # Burn-in as the allocation's first step: the probe runs before the user's command.
+            from broker.burnin import burnin_command, job_stem, results_path
+
+            spec = spec.model_copy(update={"command": burnin_command(
+                spec.command, result_dir=str(results_path(self.settings)), stem=job_stem(job.id, attempt))})
+        req = LaunchRequest(job_id=job.id, tenant=job.tenant, attempt=attempt, spec=spec, offer=offer,
                             nodes=opt.nodes, installation=self.settings.broker.installation)
         alloc = Allocation(
             id=new_alloc_id(), job_id=job.id, attempt=attempt, provider=opt.provider, offer_id=opt.offer_id,

@@ -111,7 +111,7 @@ class Lockstep:
 
             self._broker = Broker(self.settings, self.store, self.market, clock=self.clock,
                                   preemption_rates=self.preemption_rates, on_placed=self.placement_observer,
-                                  wake=self.job_submitted)
+                                  wake=self.job_submitted, service=self)
         return self._broker
 
     def preemption_rates(self) -> dict[tuple[str, str, str], float]:

@@ -123,7 +123,7 @@ class Broker:
                 if claimed is None:
                     return
                 try:
-                    res = await self.router.place(claimed)
+                    res = await self.router.place(claimed, unhealthy)
                 except Exception as exc:  # never leave a claimed job stuck in placing
                     log.exception("placing %s", job.id)
                     res = await self.router._back_to_pending(claimed, f"placement error: {exc!r}"[:300], [], {})

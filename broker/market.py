@@ -56,6 +56,8 @@ class Marketplace:
         self._offers: dict[str, list[Offer]] = {name: [] for name in self.providers}
         self._health: dict[str, ProviderHealth] = {name: ProviderHealth(name=name) for name in self.providers}
         self._book: OfferBook | None = None
+        self._snapshot: list[Offer] | None = None  # merged offers of the last refresh
+        self._by_id: dict[str, Offer] = {}
         self._book_key: object = None
         self._lock = asyncio.Lock()
         self.refreshed_at: datetime | None = None
@@ -92,6 +94,7 @@ class Marketplace:
                     log.exception("after-refresh hook")
             self.refreshed_at = self.clock()
             self._book = None
+            self._snapshot = None
         return self.health()
 
     def _with_measured(self, o: Offer) -> Offer:
@@ -116,7 +119,14 @@ class Marketplace:
 
         Catalog offers describing a market that is configured live (e.g. AWS
         list prices when the AWS adapter answers) are dropped: live beats list.
+        Merged once per refresh and shared by the book, ``find`` and listings.
         """
+        if self._snapshot is None:
+            self._snapshot = self._merge()
+            self._by_id = {o.id: o for o in self._snapshot}
+        return list(self._snapshot)
+
+    def _merge(self) -> list[Offer]:
         live = {
             name for name, h in self._health.items() if h.ok and name != "catalog" and self._offers.get(name)
         }
@@ -147,11 +157,9 @@ class Marketplace:
         return self._book
 
     def find(self, offer_id: str) -> Offer | None:
-        for offers in self._offers.values():
-            for o in offers:
-                if o.id == offer_id:
-                    return o
-        return None
+        """The current snapshot's offer by id."""
+        self.offers()
+        return self._by_id.get(offer_id)
 
     async def aclose(self) -> None:
         for p in self.providers.values():

@@ -28,6 +28,7 @@ from broker.errors import (
     BadRequestError,
     CapacityError,
     ConflictError,
+    NotFoundError,
     ProviderAuthError,
     ProviderError,
     QuotaError,
@@ -43,6 +44,7 @@ from broker.models import (
     QuoteOption,
     utcnow,
 )
+from policies.book import DEFAULT_SPOT_PREEMPTIONS_PER_HOUR
 from policies.placement import Decision, candidates, decide
 from policies.ranking import quote as rank_quote
 from providers.base import LaunchRequest, Provider
@@ -96,21 +98,12 @@ class Router:
         self.on_placed = on_placed  # metrics hook: (provider, outcome)
         self._taken: set[str] = set()  # single-unit offers launched on since the last refresh
         self._taken_at: datetime | None = None
-        self._index: dict[str, Offer] = {}  # offers by id, for the snapshot of _index_at
-        self._index_at: datetime | None = None
         self._held: tuple[float, set[str]] | None = None  # (monotonic time read, offer ids)
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
     # ------------------------------------------------------------------ ranking
-    def find(self, offer_id: str) -> Offer | None:
-        """The current snapshot's offer by id (a dict per refresh: the market's find is a scan)."""
-        if self._index_at != self.market.refreshed_at or not self._index:
-            self._index = {o.id: o for o in self.market.offers()}
-            self._index_at = self.market.refreshed_at
-        return self._index.get(offer_id)
-
     def _launchable(self, o: QuoteOption, offer: Offer | None, held: Collection[str] = ()) -> bool:
         provider = self.market.providers.get(o.provider)
         return (
@@ -133,9 +126,9 @@ class Router:
         book = self.market.book(unhealthy_hosts=unhealthy, preemption_rates=self.preemption_rates())
         # Taken machines stay in the book until the next refresh: rank past them, or a busy market
         # would show "nothing launchable" long before it runs out.
-        held_here = sum(1 for i in held if (o := self.find(i)) is not None and single_unit(o))
+        held_here = sum(1 for i in held if (o := self.market.find(i)) is not None and single_unit(o))
         q = rank_quote(book, job.spec, now=now, top=TOP_OPTIONS + len(self._taken) + held_here, max_rejected=20)
-        options = [o for o in q.options if self._launchable(o, self.find(o.offer_id), held)]
+        options = [o for o in q.options if self._launchable(o, self.market.find(o.offer_id), held)]
         return q, options[:TOP_OPTIONS]
 
     async def held_offers(self) -> set[str]:
@@ -168,8 +161,6 @@ class Router:
 
     async def _budget(self, job: Job, now: datetime) -> tuple[float | None, str]:
         """(budget left in USD or None, reason the tenant's caps forbid the job or '')."""
-        from broker.errors import NotFoundError
-
         try:
             tenant = await self._db(self.store.get_tenant, job.tenant)
         except NotFoundError:
@@ -189,8 +180,7 @@ class Router:
         return left, ""
 
     def decide(self, job: Job, options: list[QuoteOption], now: datetime, budget_left: float | None) -> Decision:
-        rates = self.preemption_rates()
-        spot_rates = [v for v in rates.values()] or [0.05]
+        spot_rates = list(self.preemption_rates().values()) or [DEFAULT_SPOT_PREEMPTIONS_PER_HOUR]
         return decide(
             job.spec, options, now=now, deadline=job.deadline or job.spec.deadline_at(job.created_at),
             max_queue_wait_hours=self.settings.broker.max_queue_wait_hours, budget_left_usd=budget_left,
@@ -198,10 +188,14 @@ class Router:
         )
 
     # ------------------------------------------------------------------ placing
-    async def place(self, job: Job) -> Placement:
-        """Place a job the caller has claimed (state placing). Leaves it provisioning or pending."""
+    async def place(self, job: Job, unhealthy: dict[tuple[str, str], str] | None = None) -> Placement:
+        """Place a job the caller has claimed (state placing). Leaves it provisioning or pending.
+
+        ``unhealthy``: the node-health map the caller's pass already read (read here when absent).
+        """
         now = self.clock()
-        unhealthy = await self._db(self.store.unhealthy_nodes)
+        if unhealthy is None:
+            unhealthy = await self._db(self.store.unhealthy_nodes)
         held = await self.held_offers()
         q, options = self.rank(job, now, unhealthy, held)
         budget_left, budget_reason = await self._budget(job, now)
@@ -228,7 +222,7 @@ class Router:
                 break
             if opt.provider in skip:
                 continue
-            offer = self.find(opt.offer_id)
+            offer = self.market.find(opt.offer_id)
             if offer is None:  # a refresh since the ranking dropped it
                 continue
             if single_unit(offer):

@@ -56,10 +56,7 @@ def list_jobs(
 ) -> None:
     """Jobs, newest first."""
     jobs = with_backend(get_ctx(ctx), lambda b: b.jobs(state, limit), need_store=True)
-    if json_out:
-        render.print_json(jobs)
-    else:
-        render.jobs_table(jobs)
+    render.emit(jobs, json_out, render.jobs_table)
 
 
 @app.command()
@@ -78,10 +75,7 @@ def status(
         return await backend.status(job_id)
 
     j = with_backend(c, run, need_store=True)
-    if json_out:
-        render.print_json(j)
-    else:
-        render.job_detail(j)
+    render.emit(j, json_out, render.job_detail)
 
 
 @app.command()

@@ -29,10 +29,7 @@ def quote(
     spec = load_spec(job)
     q = with_backend(get_ctx(ctx), lambda b: b.quote(spec.model_dump(mode="json"), top=top, max_rejected=None),
                      providers=provider)
-    if json_out:
-        render.print_json(q)
-    else:
-        render.quote_table(q, explain=explain)
+    render.emit(q, json_out, lambda q: render.quote_table(q, explain=explain))
     if not q.options:
         raise NoFeasibleOption(f"no feasible option for {spec.name}: " + render.infeasible_reasons(q),
                                q.rejected_counts)
@@ -58,7 +55,4 @@ def offers(
     except ValidationError as exc:
         raise first_error(exc) from None
     result = with_backend(get_ctx(ctx), lambda b: b.offers(f, limit), providers=provider)
-    if json_out:
-        render.print_json(result)
-    else:
-        render.offers_table(result)
+    render.emit(result, json_out, render.offers_table)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
@@ -24,6 +25,14 @@ def print_json(data: Any) -> None:
     elif isinstance(data, list):
         data = [d.model_dump(mode="json") if isinstance(d, BaseModel) else d for d in data]
     print(json.dumps(data, indent=2, default=str))
+
+
+def emit(data: Any, json_out: bool, table: Callable[[Any], None]) -> None:
+    """The one switch every command makes: JSON for scripts, a table for people."""
+    if json_out:
+        print_json(data)
+    else:
+        table(data)
 
 
 def _money(x: float) -> str:

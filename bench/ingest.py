@@ -39,8 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import sqlalchemy as sa
 
 from broker.models import Market, PricePoint
-from broker.store import Store
-from broker.tables import PricePointRow
+from broker.store import PRICES, Store
 
 # Real instance types and their GPUs (AWS), with on-demand-ish hourly prices as the walk's start.
 SKUS: list[tuple[str, str, float]] = [
@@ -62,7 +61,7 @@ SKUS: list[tuple[str, str, float]] = [
 ]
 # Vast-style marketplace series for the other H100 models.
 VAST_GPUS: list[tuple[str, float]] = [("H100-PCIe", 2.1), ("H100-NVL", 2.6), ("H100-SXM", 2.4), ("RTX-4090", 0.4)]
-REGIONS = [f"{r}" for r in ("us-east-1", "us-east-2", "us-west-2", "eu-west-1", "eu-central-1", "ap-northeast-1")]
+REGIONS = ["us-east-1", "us-east-2", "us-west-2", "eu-west-1", "eu-central-1", "ap-northeast-1"]
 
 
 def make_series() -> list[tuple[str, Market, str, str, str, str, float]]:
@@ -141,7 +140,7 @@ def sql_latency(store: Store, gpu: str, runs: int) -> float:
     """Median wall ms of the same query with rows fetched as tuples, no PricePoint objects:
     what the index costs, apart from building the models."""
     since = datetime.now(UTC) - timedelta(days=7)
-    t = PricePointRow.__table__  # type: ignore[attr-defined]
+    t = PRICES
     q = sa.select(t).where(t.c.gpu.in_(Store.gpu_names(gpu)), t.c.at >= since).order_by(t.c.at, t.c.id)
     times = []
     with store.engine.connect() as conn:

@@ -15,6 +15,7 @@ The CLI and the API stay thin shells over these functions.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -115,16 +116,8 @@ async def _pull_node(svc: Lockstep, provider: str, node: str, reason: str) -> di
 
 
 async def resume_node(svc: Lockstep, provider: str, node: str) -> None:
-    """Put a node back: healthy in the store, resumed at its provider (the inverse of a failed gate).
-
-    Never called automatically: a node an operator drained stays drained until someone decides.
-    Quotes in this process may keep rejecting the node for up to a second (the service caches health).
-    """
-    await svc.db(svc.store.set_node_health, provider, node, True, "")
-    prov = svc.market.providers.get(provider)
-    resume = getattr(prov, "resume", None)
-    if resume is not None:
-        await resume(node)
+    """Put a node back (see :meth:`Lockstep.resume_node`)."""
+    await svc.resume_node(provider, node)
 
 
 async def list_benchmarks(
@@ -163,8 +156,9 @@ def benchmark_from_text(text: str, provider: str, target: str, *, nccl: bool = F
 # --------------------------------------------------------------------------- the job script
 
 
+@functools.cache
 def probe_source() -> str:
-    """The probe's own source: stdlib-only, so it runs on any node with Python 3.9+."""
+    """The probe's own source: stdlib-only, so it runs on any node with Python 3.9+ (read once)."""
     text = Path(_probe.__file__).read_text(encoding="utf-8")
     if PROBE_EOF in text:  # the heredoc would end early
         raise AssertionError(f"{PROBE_EOF} appears in probe.py")

@@ -34,6 +34,7 @@ from broker.models import (
     QuoteOption,
     utcnow,
 )
+from broker.store import LIVE_STATES
 from providers.base import Provider
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HOLDING = (JobState.placing, JobState.provisioning, JobState.running)
-LIVE_ALLOC = (AllocationState.intent, AllocationState.pending, AllocationState.running, AllocationState.unknown)
+LIVE_ALLOC = LIVE_STATES  # the store's definition of a live allocation (its one-live-per-job index)
 
 
 class ReconcileReport(BaseModel):
@@ -138,7 +139,8 @@ async def reconcile(
                     continue
                 report.adopted.append(mine.id)
             else:
-                rec = a.model_copy(update={"state": a.state if a.state in LIVE_ALLOC[1:] else AllocationState.pending})
+                started = a.state in (AllocationState.pending, AllocationState.running, AllocationState.unknown)
+                rec = a.model_copy(update={"state": a.state if started else AllocationState.pending})
                 try:
                     rec = await db(store.add_allocation, rec)
                 except ConflictError:

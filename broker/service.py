@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from broker.config import Settings
-from broker.errors import NotFoundError, ProviderError
+from broker.errors import NotFoundError, ProviderError, SpecError
 from broker.market import Marketplace, ProviderHealth
 from broker.models import (
     TERMINAL_STATES,
@@ -243,8 +243,6 @@ class Lockstep:
     async def drain_node(self, provider: str, node: str, reason: str) -> dict[str, Any]:
         """Mark a node unhealthy (it leaves the offers at once) and drain it at its provider when possible."""
         if not reason.strip():
-            from broker.errors import SpecError
-
             raise SpecError("reason", "a drain needs a reason")
         prov = self.market.providers.get(provider)
         if prov is None:
@@ -257,6 +255,15 @@ class Lockstep:
             await drain(node, reason)
             drained = True
         return {"provider": provider, "node": node, "healthy": False, "reason": reason, "drained": drained}
+
+    async def resume_node(self, provider: str, node: str) -> None:
+        """The inverse of a drain: healthy in the store (and in this process's quotes at once), resumed at
+        its provider when it can. Never called automatically: a drained node stays out until someone decides."""
+        await self.db(self.store.set_node_health, provider, node, True, "")
+        self._unhealthy_cache = None
+        resume = getattr(self.market.providers.get(provider), "resume", None)
+        if resume is not None:
+            await resume(node)
 
     async def price_history(self, *, gpu: str | None = None, sku: str | None = None, provider: str | None = None,
                             market: Market | None = None, zone: str | None = None, region: str | None = None,

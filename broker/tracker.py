@@ -37,7 +37,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from broker.config import AwsConfig, Settings
 from broker.errors import ProviderError, TransientError
-from broker.models import Market, PricePoint, utcnow
+from broker.models import AllocationState, Market, PricePoint, utcnow
 from broker.price_summaries import market_summaries, rate_points, utilisation_points
 from broker.store import Store
 from policies.risk import RiskKey, preemption_rates
@@ -114,7 +114,9 @@ def load_preemption_rates(store: Store, now: datetime, days: float = 7.0) -> dic
     prior that grows with the price volatility of the series (policies.risk). Blocking:
     call it with ``asyncio.to_thread`` from async code.
     """
-    return preemption_rates(store.allocations(), now, volatility=spot_volatility(store, now, days))
+    # Intents never reached a provider: they count nothing, so they are not read.
+    started = [s for s in AllocationState if s is not AllocationState.intent]
+    return preemption_rates(store.allocations(states=started), now, volatility=spot_volatility(store, now, days))
 
 
 class Tracker:

@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from broker.models import Allocation, AllocationState, Market
+from policies.book import DEFAULT_SPOT_PREEMPTIONS_PER_HOUR
 
 __all__ = [
     "DEFAULT_PREEMPTIONS_PER_HOUR",
@@ -29,7 +30,7 @@ __all__ = [
     "trace_preemption_rate",
 ]
 
-DEFAULT_PREEMPTIONS_PER_HOUR = 0.05  # same default the offer book uses when nothing is known
+DEFAULT_PREEMPTIONS_PER_HOUR = DEFAULT_SPOT_PREEMPTIONS_PER_HOUR  # the offer book's default, one number
 PRIOR_HOURS = 24.0  # the prior weighs as much as a day of observed allocation-hours
 VOLATILITY_WEIGHT = 10.0  # prior × (1 + weight × volatility per sqrt(hour))
 

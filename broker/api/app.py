@@ -71,11 +71,11 @@ def _service(start_loops: bool, close_service: bool) -> Callable[[web.Applicatio
         svc = app[SERVICE]
         await svc.db(lambda: svc.store)  # open and migrate the store before the first request
         started = False
-        if start_loops and hasattr(svc, "start"):
+        if start_loops:
             await svc.start()
             started = True
         yield
-        if started and hasattr(svc, "stop"):
+        if started:
             await svc.stop()
         if close_service:
             await svc.aclose()

@@ -14,12 +14,13 @@ from aiohttp.typedefs import Handler
 
 from broker.api.auth import is_admin, retry_after
 from broker.api.errors import ApiError, error_response, from_http, from_lockstep
+from broker.api.handlers import ROUTES
 from broker.api.keys import AUTH, LIMITER, METRICS, TOKENS
 from broker.errors import LockstepError
 
 log = logging.getLogger(__name__)
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+PUBLIC_PATHS = frozenset(r.path for r in ROUTES if r.public)  # the route table says which
 
 
 def route_name(request: web.Request) -> str:

@@ -45,7 +45,8 @@ def _fail(line: str) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
-def _read_text(path: Path) -> str:
+def read_text(path: Path) -> str:
+    """A results file's text; a missing or unreadable file is exit 2 with one line."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -106,7 +107,7 @@ def parse_nccl_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the JSON document instead of a table.")] = False,
 ) -> None:
     """Parse nccl-tests output: per-size bandwidth and latency, average bus bandwidth."""
-    text = _read_text(file)
+    text = read_text(file)
     try:
         result = parse_nccl(text)
     except SpecError as exc:

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from broker import burnin
 from broker.cli.app import get_ctx
+from broker.cli.bench import read_text
 from broker.cli.render import console
 from broker.config import Settings
 from broker.errors import NotFoundError, ProviderError, SpecError
@@ -141,15 +142,7 @@ def record_command(
 ) -> None:
     """Store a benchmark, judged by the health gates; an unhealthy node leaves the pool (and is drained)."""
     fab = _fabric(fabric)
-    try:
-        data = file.read_bytes()
-    except FileNotFoundError:
-        _fail(f"{file}: no such file")
-    except IsADirectoryError:
-        _fail(f"{file}: is a directory, not a file")
-    except OSError as exc:
-        _fail(f"{file}: cannot read ({exc.strerror or type(exc).__name__})")
-    text = data.decode("utf-8", errors="replace")
+    text = read_text(file)
     try:
         bench = burnin.benchmark_from_text(text, provider, target, nccl=nccl)
     except SpecError as exc:

@@ -16,7 +16,6 @@ from broker.models import Job, Offer, Quote
 
 # Piped output (scripts, CI logs) gets a wide table instead of rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True)
 
 
 def print_json(data: Any) -> None:
@@ -74,7 +73,7 @@ def quote_table(q: Quote, explain: bool = False) -> None:
         rejected_table(q)
 
 
-def rejected_table(q: Quote, per_reason: int = 0) -> None:
+def rejected_table(q: Quote) -> None:
     groups: dict[str, list] = defaultdict(list)
     for r in q.rejected:
         groups[r.code].append(r)
@@ -82,8 +81,7 @@ def rejected_table(q: Quote, per_reason: int = 0) -> None:
     for col in ("provider", "sku", "region/zone", "reason"):
         t.add_column(col)
     for code in sorted(groups, key=lambda c: -len(groups[c])):
-        rows = groups[code] if not per_reason else groups[code][:per_reason]
-        for r in rows:
+        for r in groups[code]:
             t.add_row(r.provider, r.sku, r.region + (f"/{r.zone}" if r.zone else ""), r.reason)
     console.print(t)
 

@@ -35,7 +35,8 @@ def build_providers(settings: Settings, only: list[str] | None = None) -> dict[s
                                                   or bool(settings.aws.reserved_pools))):
         from providers.reserved import ReservedProvider
 
-        out["reserved"] = ReservedProvider(settings.aws, installation=inst)
+        # One AWS adapter for both markets: shared clients and instance-type cache, one placement-group list.
+        out["reserved"] = ReservedProvider(settings.aws, installation=inst, aws=out.get("aws"))
     if want("vast", settings.vast.enabled):
         from providers.vast import VastProvider
 

@@ -14,7 +14,6 @@ The file is parsed once per path and the offers normalised once per
 from __future__ import annotations
 
 import json
-import threading
 from datetime import UTC, datetime
 from functools import lru_cache
 from importlib import resources
@@ -32,21 +31,17 @@ _VAST_NVLINK_MODELS = frozenset({"H100-SXM", "A100-SXM-40GB", "A100-SXM-80GB", "
 
 
 @lru_cache(maxsize=8)
-def _load(path: str | None) -> dict[str, Any]:
+def load_catalog(path: str | None = None) -> dict:
+    """The parsed catalog file (cached per path). ``None``: the one shipped in the package.
+
+    The returned dict is shared: treat it as read-only.
+    """
     if path is None:
         text = resources.files("providers").joinpath("data", "catalog.json").read_text(encoding="utf-8")
     else:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
     return json.loads(text)
-
-
-def load_catalog(path: str | None = None) -> dict:
-    """The parsed catalog file (cached per path). ``None``: the one shipped in the package.
-
-    The returned dict is shared: treat it as read-only.
-    """
-    return _load(path)
 
 
 def _aws_type(sku: str) -> dict[str, Any] | None:
@@ -174,24 +169,13 @@ def _vast_offers(catalog: dict[str, Any]) -> list[Offer]:
     return out
 
 
-_offers_lock = threading.Lock()
-_offers_cache: dict[tuple[str | None, int], tuple[Offer, ...]] = {}
-
-
+@lru_cache(maxsize=8)
 def catalog_offers(
     path: str | None = None, max_cluster_nodes: int = DEFAULT_MAX_CLUSTER_NODES
 ) -> tuple[Offer, ...]:
     """All catalog offers, normalised once and cached (an immutable tuple; do not mutate the offers)."""
-    key = (path, max_cluster_nodes)
-    cached = _offers_cache.get(key)
-    if cached is None:
-        with _offers_lock:
-            cached = _offers_cache.get(key)
-            if cached is None:
-                catalog = load_catalog(path)
-                cached = tuple(_aws_offers(catalog, max_cluster_nodes) + _vast_offers(catalog))
-                _offers_cache[key] = cached
-    return cached
+    catalog = load_catalog(path)
+    return tuple(_aws_offers(catalog, max_cluster_nodes) + _vast_offers(catalog))
 
 
 class CatalogProvider(Provider):

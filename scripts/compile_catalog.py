@@ -30,7 +30,6 @@ import argparse
 import ast
 import csv
 import json
-import re
 import statistics
 import sys
 from collections import defaultdict
@@ -38,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from broker.gpus import normalise_gpu
+from providers import aws_types
+from providers.aws_types import NVLINK_FAMILIES, family_of
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data"
@@ -48,8 +49,6 @@ SCHEMA = 1
 
 # Instance families the catalog describes (the GPU families a broker quotes for training/inference).
 FAMILIES = ("g4dn", "g5", "g6", "g6e", "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en")
-# Families whose multi-GPU types link their GPUs with NVLink / NVSwitch; the g families use PCIe.
-NVLINK_FAMILIES = frozenset({"p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en"})
 
 # AWS on-demand LIST prices, Linux, USD per instance-hour, as published on
 # https://aws.amazon.com/ec2/pricing/on-demand/ (and the instance type pages,
@@ -125,16 +124,12 @@ def _r(x: float, nd: int = 6) -> float:
     return round(float(x), nd)
 
 
-def family_of(sku: str) -> str:
-    return sku.split(".", 1)[0]
-
-
 def parse_network_gbps(text: str) -> float:
-    """'3200 Gigabit' → 3200, '4x 100 Gigabit' → 400, 'Up to 25 Gigabit' → 25."""
-    m = re.search(r"(?:(\d+)\s*x\s*)?(\d+(?:\.\d+)?)\s*Gigabit", text, re.IGNORECASE)
-    if not m:
+    """The adapter's parser ('4x 100 Gigabit' → 400), but an unparsed figure stops the compile."""
+    gbps = aws_types.parse_network_gbps(text)
+    if not gbps:
         raise ValueError(f"unparsed NetworkPerformance {text!r}")
-    return float(m.group(1) or 1) * float(m.group(2))
+    return gbps
 
 
 def region_of_az_id(az_id: str) -> str | None:

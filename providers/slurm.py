@@ -165,69 +165,85 @@ def estimate_wait_hours(
     are assumed to run ``slurm_api.UNLIMITED_JOB_HOURS``. More pending jobs on
     the same nodes can only push the answer later.
     """
-    healthy = {n.name: n for n in nodes if n.healthy and n.gpus_total > 0}
-    free = {name: n.gpus_free for name, n in healthy.items()}
-    horizon = api.UNLIMITED_JOB_HOURS * 3600.0
+    return QueueModel(nodes, jobs, now).wait_hours(gpus_per_node, nodes_needed, features, gpu_type, candidates)
 
-    def eligible(g: int, gtype: str | None, constraint: str | None, partition_nodes: set[str] | None) -> list[str]:
+
+class QueueModel:
+    """The part of the queue estimate that is the same for every job shape, prepared once.
+
+    An offer refresh asks for the wait of every offer's shape; the healthy nodes, the
+    running jobs' release times and the pending queue (with where each pending job may
+    run) do not depend on the shape, so they are built here once and every
+    :meth:`wait_hours` simulates on its own copies.
+    """
+
+    def __init__(self, nodes: list[api.NodeInfo], jobs: list[api.JobInfo], now: float) -> None:
+        self.now = now
+        self.healthy = {n.name: n for n in nodes if n.healthy and n.gpus_total > 0}
+        self.free = {name: n.gpus_free for name, n in self.healthy.items()}
+        horizon = api.UNLIMITED_JOB_HOURS * 3600.0
+        self.events: list[tuple[float, str, int]] = []
+        for job in jobs:
+            if job.state not in _RUNNING_STATES or job.gpus_per_node <= 0:
+                continue
+            if job.time_limit_min is None:
+                end = now + horizon
+            else:
+                end = job.end_time or ((job.start_time or now) + job.time_limit_min * 60)
+            end = max(end, now + 60.0)  # past its limit: about to be killed
+            for name in job.nodes:
+                if name in self.free:
+                    heapq.heappush(self.events, (end, name, job.gpus_per_node))
+        # (gpus, nodes, eligible nodes, hold seconds, is ours)
+        self.queue: list[tuple[int, int, list[str], float, bool]] = []
+        pending = [j for j in jobs if j.state in ("PENDING",) and j.gpus_per_node > 0]
+        pending.sort(key=lambda j: (-j.priority, j.submit_time or 0.0, j.job_id))
+        for job in pending:
+            where = self.eligible(job.gpus_per_node, job.gpu_type or None, job.constraints or None, None)
+            if len(where) < max(job.node_count, 1):
+                continue  # can never run here: it blocks nobody
+            hold = horizon if job.time_limit_min is None else job.time_limit_min * 60.0
+            self.queue.append((job.gpus_per_node, max(job.node_count, 1), where, hold, False))
+
+    def eligible(self, g: int, gtype: str | None, constraint: str | None,
+                 partition_nodes: set[str] | None) -> list[str]:
         return [
             name
-            for name, n in healthy.items()
+            for name, n in self.healthy.items()
             if n.gpus_total >= g
             and (not gtype or n.gpu_type == gtype)
             and constraint_matches(constraint, n.features)
             and (partition_nodes is None or name in partition_nodes)
         ]
 
-    mine = eligible(gpus_per_node, gpu_type, features, candidates)
-    if len(mine) < nodes_needed or gpus_per_node <= 0:
-        return math.inf
-
-    events: list[tuple[float, str, int]] = []
-    for job in jobs:
-        if job.state not in _RUNNING_STATES or job.gpus_per_node <= 0:
-            continue
-        if job.time_limit_min is None:
-            end = now + horizon
-        else:
-            end = job.end_time or ((job.start_time or now) + job.time_limit_min * 60)
-        end = max(end, now + 60.0)  # past its limit: about to be killed
-        for name in job.nodes:
-            if name in free:
-                heapq.heappush(events, (end, name, job.gpus_per_node))
-
-    # (gpus, nodes, eligible nodes, hold seconds, is ours)
-    queue: list[tuple[int, int, list[str], float, bool]] = []
-    pending = [j for j in jobs if j.state in ("PENDING",) and j.gpus_per_node > 0]
-    pending.sort(key=lambda j: (-j.priority, j.submit_time or 0.0, j.job_id))
-    for job in pending:
-        where = eligible(job.gpus_per_node, job.gpu_type or None, job.constraints or None, None)
-        if len(where) < max(job.node_count, 1):
-            continue  # can never run here: it blocks nobody
-        hold = horizon if job.time_limit_min is None else job.time_limit_min * 60.0
-        queue.append((job.gpus_per_node, max(job.node_count, 1), where, hold, False))
-    queue.append((gpus_per_node, nodes_needed, mine, 0.0, True))
-
-    t = now
-    while True:
-        remaining = []
-        for g, k, where, hold, ours in queue:
-            fits = sorted((n for n in where if free[n] >= g), key=lambda n: (free[n], n))
-            if len(fits) >= k:
-                if ours:
-                    return (t - now) / 3600.0
-                for name in fits[:k]:  # best fit: keep big holes for big jobs
-                    free[name] -= g
-                    heapq.heappush(events, (t + hold, name, g))
-            else:
-                remaining.append((g, k, where, hold, ours))
-        queue = remaining
-        if not events:
+    def wait_hours(self, gpus_per_node: int, nodes_needed: int = 1, features: str | None = None,
+                   gpu_type: str | None = None, candidates: set[str] | None = None) -> float:
+        mine = self.eligible(gpus_per_node, gpu_type, features, candidates)
+        if len(mine) < nodes_needed or gpus_per_node <= 0:
             return math.inf
-        t = events[0][0]
-        while events and events[0][0] <= t:
-            _, name, g = heapq.heappop(events)
-            free[name] += g
+        free = dict(self.free)
+        events = list(self.events)  # a copy of a heap is a heap
+        queue = [*self.queue, (gpus_per_node, nodes_needed, mine, 0.0, True)]
+        now = t = self.now
+        while True:
+            remaining = []
+            for g, k, where, hold, ours in queue:
+                fits = sorted((n for n in where if free[n] >= g), key=lambda n: (free[n], n))
+                if len(fits) >= k:
+                    if ours:
+                        return (t - now) / 3600.0
+                    for name in fits[:k]:  # best fit: keep big holes for big jobs
+                        free[name] -= g
+                        heapq.heappush(events, (t + hold, name, g))
+                else:
+                    remaining.append((g, k, where, hold, ours))
+            queue = remaining
+            if not events:
+                return math.inf
+            t = events[0][0]
+            while events and events[0][0] <= t:
+                _, name, g = heapq.heappop(events)
+                free[name] += g
 
 
 # --------------------------------------------------------------------------- comments
@@ -683,6 +699,7 @@ class _OfferBuilder:
         self.jobs = jobs
         self.now = now
         self.node_rate = config.owned.usd_per_node_hour()
+        self.queue_model = QueueModel(nodes, jobs, now)  # shared by every offer's wait estimate
 
     def _partition_for(self, members: list[api.NodeInfo]) -> str | None:
         """A partition holding all these nodes: the configured one, else the default, else the first.
@@ -706,9 +723,7 @@ class _OfferBuilder:
         return next((n for n in names if n in up and up[n].default), names[0])
 
     def _wait(self, gpus: int, k: int, names: Iterable[str], gres_type: str) -> float:
-        wait = estimate_wait_hours(
-            self.nodes, self.jobs, self.now, gpus, k, None, gres_type or None, candidates=set(names)
-        )
+        wait = self.queue_model.wait_hours(gpus, k, None, gres_type or None, candidates=set(names))
         return wait if math.isfinite(wait) else api.UNLIMITED_JOB_HOURS * 7
 
     def _offer(

@@ -800,9 +800,15 @@ class Store:
     ) -> PricePoint | None:
         """The newest stored point of one series (kept even after its history is pruned)."""
         key = (provider, Market(market).value, sku, region, zone, stat)
+        return self.latest_price_points([key]).get(key)
+
+    def latest_price_points(self, keys: Iterable[tuple[str, ...]]) -> dict[tuple[str, ...], PricePoint]:
+        """The newest stored point of each series (provider, market, sku, region, zone, stat), in one
+        read; series with no point are absent."""
+        wanted = [(p, Market(m).value, sku, r, z, st) for p, m, sku, r, z, st in keys]
         with self._tx(write=False) as conn:
-            row = self._latest_many(conn, [key]).get(key)
-        return self._price(row) if row is not None else None
+            rows = self._latest_many(conn, wanted)
+        return {key: self._price(row) for key, row in rows.items()}
 
     def last_seen(self, provider: str, region: str | None = None) -> datetime | None:
         """Time of the newest stored point of a provider (and region), for incremental polling."""

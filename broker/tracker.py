@@ -281,13 +281,9 @@ class Tracker:
     # ------------------------------------------------------------------ spikes
 
     def _latest(self, keys: list[SeriesKey]) -> dict[SeriesKey, datetime | None]:
-        out: dict[SeriesKey, datetime | None] = {}
-        for k in keys:
-            if k[5] not in SPIKE_STATS or k[1] not in SPIKE_MARKETS:
-                continue
-            p = self.store.latest_price_point(k[0], k[1], k[2], k[3], k[4], k[5])
-            out[k] = _utc(p.at) if p else None
-        return out
+        watched = [k for k in keys if k[5] in SPIKE_STATS and k[1] in SPIKE_MARKETS]
+        latest = self.store.latest_price_points(watched)  # one read for all series, not one per series
+        return {k: _utc(latest[k].at) if k in latest else None for k in watched}
 
     def _series_points(
         self, key: SeriesKey, since: datetime | None, until: datetime | None, limit: int | None

@@ -252,14 +252,15 @@ class Tracker:
     async def _aws(self, provider: Provider, now: datetime, report: TrackReport) -> list[PricePoint]:
         from providers.aws_prices import spot_price_history
 
-        config: AwsConfig = getattr(provider, "config", None) or self.settings.aws
+        config: AwsConfig = provider.config  # type: ignore[attr-defined]  (the AWS adapter)
         horizon = now - timedelta(days=self.cfg.retention_days)
         since: dict[str, datetime | None] = {}
         for region in config.regions:
             last = await asyncio.to_thread(self.store.last_seen, "aws", region)
             since[region] = max(last, horizon) if last is not None else None
         out: list[PricePoint] = []
-        for region, res in (await spot_price_history(config, since, now=now)).items():
+        results = await spot_price_history(provider, since, now=now)  # type: ignore[arg-type]
+        for region, res in results.items():
             if isinstance(res, BaseException):
                 msg = str(res) if isinstance(res, ProviderError) else f"{region}: {type(res).__name__}"
                 self._error(report, "aws", msg)

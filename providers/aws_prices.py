@@ -12,7 +12,7 @@ instance-type record, else from the catalog (``aws_instance_info``). Linux/UNIX
 prices only (other OSes carry a licence surcharge, not market movement).
 
 Credentials come from the standard AWS chain (env, profile, instance role);
-errors are mapped by :mod:`providers.aws_errors` and TransientError retried there.
+calls go through the AWS adapter, which maps errors and retries TransientError.
 """
 
 from __future__ import annotations
@@ -20,18 +20,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiobotocore.session import AioSession
-from botocore.config import Config as BotoConfig
-
-from broker.config import AwsConfig
 from broker.models import Market, PricePoint
-from providers.aws_errors import call
-from providers.aws_types import GPU_TYPE_PATTERNS, parse_instance_type
 from providers.catalog import aws_instance_info, load_catalog
+
+if TYPE_CHECKING:
+    from providers.aws import AwsProvider
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +36,6 @@ LINUX = "Linux/UNIX"  # also matches "Linux/UNIX (Amazon VPC)", the EC2-Classic-
 DEFAULT_BACKFILL = timedelta(days=1)  # first poll of a region: how far back to start
 _CHUNK = 100  # instance types per request
 _PAGE = 1000  # MaxResults per page
-
-
-def _client_config(config: AwsConfig) -> BotoConfig:
-    return BotoConfig(
-        retries={"total_max_attempts": 1, "mode": "standard"},  # tenacity retries, after mapping
-        connect_timeout=5,
-        read_timeout=max(5.0, config.region_timeout_s),
-        user_agent_extra="lockstep-tracker",
-    )
 
 
 def _as_utc(value: datetime | str) -> datetime:
@@ -94,53 +81,18 @@ def to_price_points(rows: list[Mapping[str, Any]], region: str, gpus: Mapping[st
     return out
 
 
-async def _paged(ec2: Any, method: str, key: str, config: AwsConfig, what: str, **params: Any) -> list[Any]:
-    items: list[Any] = []
-    token: str | None = None
-    while True:
-        page = await call(
-            getattr(ec2, method),
-            provider=PROVIDER,
-            operation=what,
-            attempts=config.max_attempts,
-            **params,
-            **({"NextToken": token} if token else {}),
-        )
-        items.extend(page.get(key) or [])
-        token = page.get("NextToken")
-        if not token:
-            return items
-
-
-async def _region_gpu_types(ec2: Any, config: AwsConfig, region: str) -> dict[str, str]:
-    records = await _paged(
-        ec2,
-        "describe_instance_types",
-        "InstanceTypes",
-        config,
-        f"DescribeInstanceTypes in {region}",
-        Filters=[{"Name": "instance-type", "Values": list(GPU_TYPE_PATTERNS)}],
-        MaxResults=100,
-    )
-    return {t.sku: t.gpu for t in (parse_instance_type(r) for r in records) if t is not None}
-
-
-async def region_spot_history(
-    ec2: Any, config: AwsConfig, region: str, since: datetime | None, now: datetime
-) -> list[PricePoint]:
+async def region_spot_history(aws: AwsProvider, region: str, since: datetime | None, now: datetime) -> list[PricePoint]:
     """Spot price points of one region from ``since`` (or ``now - DEFAULT_BACKFILL``) to now."""
-    gpus = {**catalog_gpu_types(), **await _region_gpu_types(ec2, config, region)}
+    gpus = {**catalog_gpu_types(), **{sku: t.gpu for sku, t in (await aws.gpu_types(region)).items()}}
     start = _as_utc(since) if since is not None else now - DEFAULT_BACKFILL
     rows: list[dict[str, Any]] = []
     skus = sorted(gpus)
     for i in range(0, len(skus), _CHUNK):
         rows.extend(
-            await _paged(
-                ec2,
+            await aws.paginate(
+                region,
                 "describe_spot_price_history",
                 "SpotPriceHistory",
-                config,
-                f"DescribeSpotPriceHistory in {region}",
                 InstanceTypes=skus[i : i + _CHUNK],
                 ProductDescriptions=[LINUX],
                 StartTime=start,
@@ -152,32 +104,25 @@ async def region_spot_history(
 
 
 async def spot_price_history(
-    config: AwsConfig,
+    aws: AwsProvider,
     since: Mapping[str, datetime | None],
     *,
     now: datetime | None = None,
-    session: AioSession | None = None,
 ) -> dict[str, list[PricePoint] | BaseException]:
-    """Spot price points per region of ``config.regions``, each from ``since[region]``.
+    """Spot price points per region of the adapter's regions, each from ``since[region]``.
 
-    Regions run concurrently, each under ``config.region_timeout_s``; a failing
-    region gives its exception (a ProviderError, or TimeoutError) in place of a
-    list, so the others still count.
+    Uses the AWS adapter's clients, retries, error mapping and instance-type cache.
+    Regions run concurrently, each under ``region_timeout_s``; a failing region gives
+    its exception (a ProviderError, or TimeoutError) in place of a list, so the
+    others still count.
     """
     now = now or datetime.now(UTC)
-    session = session or AioSession(profile=config.profile)
-    cfg = _client_config(config)
+    config = aws.config
 
     async def one(region: str) -> list[PricePoint]:
-        async with AsyncExitStack() as stack:
-            ec2 = await stack.enter_async_context(
-                session.create_client("ec2", region_name=region, endpoint_url=config.endpoint_url, config=cfg)
-            )
-            # The budget covers every page of the region: a slow region must not hold the run up.
-            return await asyncio.wait_for(
-                region_spot_history(ec2, config, region, since.get(region), now),
-                timeout=config.region_timeout_s * 3,
-            )
+        # The budget covers every page of the region: a slow region must not hold the run up.
+        return await asyncio.wait_for(region_spot_history(aws, region, since.get(region), now),
+                                      timeout=config.region_timeout_s * 3)
 
     results = await asyncio.gather(*(one(r) for r in config.regions), return_exceptions=True)
     out: dict[str, list[PricePoint] | BaseException] = {}

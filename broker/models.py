@@ -24,6 +24,13 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def as_utc(value: datetime | str) -> datetime:
+    """A timezone-aware UTC datetime from a datetime (naive means UTC) or an ISO-8601 string ('Z' allowed)."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
 # --------------------------------------------------------------------------- enums
 
 

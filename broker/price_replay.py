@@ -14,11 +14,12 @@ import csv
 import io
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from broker.errors import SpecError
+from broker.models import as_utc
 from policies.spikes import Spike, detect_spikes
 
 ReplayKey = tuple[str, str, str]  # (zone, instance type, product description)
@@ -31,11 +32,6 @@ class SpotRecord:
     product: str
     price: float
     at: datetime
-
-
-def _ts(text: str) -> datetime:
-    value = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def parse_records(text: str, source: str = "input") -> list[SpotRecord]:
@@ -55,7 +51,7 @@ def parse_records(text: str, source: str = "input") -> list[SpotRecord]:
                         str(r["InstanceType"]),
                         str(r.get("ProductDescription", "")),
                         float(r["SpotPrice"]),
-                        _ts(str(r["Timestamp"])),
+                        as_utc(str(r["Timestamp"])),
                     )
                 )
         else:
@@ -64,7 +60,7 @@ def parse_records(text: str, source: str = "input") -> list[SpotRecord]:
                     continue
                 if len(row) < 5:
                     raise SpecError(source, f"line {n}: expected 5 tab-separated fields, got {len(row)}")
-                out.append(SpotRecord(row[0], row[1], row[2], float(row[3]), _ts(row[4])))
+                out.append(SpotRecord(row[0], row[1], row[2], float(row[3]), as_utc(row[4])))
     except SpecError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

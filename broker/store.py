@@ -55,6 +55,7 @@ from broker.models import (
     Role,
     Tenant,
     TokenInfo,
+    as_utc,
     utcnow,
 )
 from broker.tables import (
@@ -154,10 +155,6 @@ def _hash_token(plaintext: str) -> str:
 def _advisory_key(name: str) -> int:
     """A stable signed 64-bit key for pg_advisory locks."""
     return int.from_bytes(hashlib.sha256(f"lockstep:{name}".encode()).digest()[:8], "big", signed=True)
-
-
-def _as_utc(value: datetime) -> datetime:
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def make_engine(url: str) -> Engine:
@@ -458,7 +455,7 @@ class Store:
     def _decode_cursor(cursor: str) -> tuple[datetime, str]:
         try:
             at, last_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-            return _as_utc(datetime.fromisoformat(at)), str(last_id)
+            return as_utc(datetime.fromisoformat(at)), str(last_id)
         except (ValueError, TypeError) as exc:
             raise SpecError("cursor", "not a cursor returned by list_jobs") from exc
 
@@ -738,7 +735,7 @@ class Store:
                 last_price = last[7] if last is not None else None
                 row: tuple[Any, ...] | None = None
                 for p in series:
-                    at = p.at if p.at.tzinfo is UTC else _as_utc(p.at)
+                    at = p.at if p.at.tzinfo is UTC else as_utc(p.at)
                     if last_at is not None and at <= last_at:
                         continue
                     if p.usd_per_hour == last_price:
@@ -821,7 +818,7 @@ class Store:
             return None
         if isinstance(value, str):  # SQLite hands back aggregate results untyped
             value = datetime.fromisoformat(value)
-        return _as_utc(value)
+        return as_utc(value)
 
     @staticmethod
     def gpu_names(gpu: str) -> list[str]:
@@ -889,7 +886,7 @@ class Store:
             prev_key: tuple[Any, ...] | None = None
             prev_id: int | None = None
             for row in conn.execute(q):
-                bucket = int(_as_utc(row.at).timestamp()) // bucket_seconds
+                bucket = int(as_utc(row.at).timestamp()) // bucket_seconds
                 key = (*row[2:], bucket)
                 if key == prev_key and prev_id is not None:
                     doomed.append(prev_id)  # a later point in the same bucket replaces it
@@ -1109,8 +1106,8 @@ class Store:
         max(allocation created, since) to now. The job layer books an attempt's cost
         into ``spent_usd`` when the allocation ends, so nothing is counted twice.
         """
-        now = _as_utc(now or utcnow())
-        since = _as_utc(since)
+        now = as_utc(now or utcnow())
+        since = as_utc(since)
         with self._tx(write=False) as conn:
             booked = conn.execute(
                 sa.select(sa.func.coalesce(sa.func.sum(JOBS.c.spent_usd), 0.0)).where(
@@ -1124,7 +1121,7 @@ class Store:
             ).all()
         accrued = 0.0
         for usd_per_hour, created_at in live:
-            start = max(_as_utc(created_at), since)
+            start = max(as_utc(created_at), since)
             accrued += usd_per_hour * max((now - start).total_seconds(), 0.0) / 3600.0
         return float(booked or 0.0) + accrued
 
@@ -1145,7 +1142,7 @@ class Store:
         GPU-hours are the job's GPUs × the hours its allocations lasted (created to
         last update when ended; to now while live), for rent/hybrid/own advice.
         """
-        now = _as_utc(now or utcnow())
+        now = as_utc(now or utcnow())
         jq = sa.select(JOBS.c.id, JOBS.c.tenant, JOBS.c.state, JOBS.c.gpus, JOBS.c.spent_usd, JOBS.c.created_at)
         if since is not None:
             jq = jq.where(JOBS.c.created_at >= since)
@@ -1159,8 +1156,8 @@ class Store:
         for job_id, state, created_at, updated_at in allocs:
             if state == AllocationState.intent.value:
                 continue  # never reached the provider
-            end = now if state in LIVE_ALLOCATION_STATES else _as_utc(updated_at)
-            hours[job_id] = hours.get(job_id, 0.0) + max((end - _as_utc(created_at)).total_seconds(), 0) / 3600
+            end = now if state in LIVE_ALLOCATION_STATES else as_utc(updated_at)
+            hours[job_id] = hours.get(job_id, 0.0) + max((end - as_utc(created_at)).total_seconds(), 0) / 3600
         return [
             {
                 "job_id": jid,
@@ -1170,7 +1167,7 @@ class Store:
                 "hours": hours.get(jid, 0.0),
                 "gpu_hours": gpus * hours.get(jid, 0.0),
                 "spent_usd": spent,
-                "created_at": _as_utc(created),
+                "created_at": as_utc(created),
             }
             for jid, tenant, state, gpus, spent, created in jobs
         ]

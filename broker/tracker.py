@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -37,7 +37,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from broker.config import AwsConfig, Settings
 from broker.errors import ProviderError, TransientError
-from broker.models import AllocationState, Market, PricePoint, utcnow
+from broker.models import AllocationState, Market, PricePoint, as_utc, utcnow
 from broker.price_summaries import market_summaries, rate_points, utilisation_points
 from broker.store import Store
 from policies.risk import RiskKey, preemption_rates
@@ -95,15 +95,11 @@ def _alert_key(alert: dict[str, Any]) -> SeriesKey:
     return tuple(str(s.get(f, "")) for f in SERIES_FIELDS)  # type: ignore[return-value]
 
 
-def _utc(value: datetime) -> datetime:
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
 def spot_volatility(store: Store, now: datetime, days: float = 7.0) -> dict[RiskKey, float]:
     """Realised volatility per hour of each spot series over the last ``days``, by (provider, zone, sku)."""
     series: dict[RiskKey, list[tuple[datetime, float]]] = {}
     for p in store.price_history(market=Market.spot, stat="price", since=now - timedelta(days=days)):
-        series.setdefault((p.provider, p.zone, p.sku), []).append((_utc(p.at), p.usd_per_hour))
+        series.setdefault((p.provider, p.zone, p.sku), []).append((as_utc(p.at), p.usd_per_hour))
     return {k: volatility_per_hour(v) for k, v in series.items()}
 
 
@@ -200,7 +196,7 @@ class Tracker:
         before = await asyncio.to_thread(self._latest, keys)
         for source, pts in collected.items():
             # Points older than the retention horizon would be pruned at once: never store them.
-            keep = [p for p in pts if _utc(p.at) >= horizon]
+            keep = [p for p in pts if as_utc(p.at) >= horizon]
             src = report.sources.setdefault(source, SourceReport())
             try:
                 src.stored = await asyncio.to_thread(self.store.add_price_points, keep)
@@ -284,7 +280,7 @@ class Tracker:
     def _latest(self, keys: list[SeriesKey]) -> dict[SeriesKey, datetime | None]:
         watched = [k for k in keys if k[5] in SPIKE_STATS and k[1] in SPIKE_MARKETS]
         latest = self.store.latest_price_points(watched)  # one read for all series, not one per series
-        return {k: _utc(latest[k].at) if k in latest else None for k in watched}
+        return {k: as_utc(latest[k].at) if k in latest else None for k in watched}
 
     def _series_points(
         self, key: SeriesKey, since: datetime | None, until: datetime | None, limit: int | None
@@ -300,7 +296,7 @@ class Tracker:
             until=until,
             limit=limit,
         )
-        return [(_utc(p.at), p.usd_per_hour) for p in pts]
+        return [(as_utc(p.at), p.usd_per_hour) for p in pts]
 
     def _spike_work(
         self, keys: list[SeriesKey], before: dict[SeriesKey, datetime | None], now: datetime
@@ -324,7 +320,7 @@ class Tracker:
             if prev is not None:
                 # The baseline window: the newest points before this run, outside any stored spike.
                 older = self._series_points(key, None, prev + timedelta(microseconds=1), self.cfg.window * 4)
-                spans = [(_utc(a["start"]), _utc(a["end"]) if a["end"] else None) for a in mine]
+                spans = [(as_utc(a["start"]), as_utc(a["end"]) if a["end"] else None) for a in mine]
                 history = [
                     price
                     for at, price in older
@@ -333,7 +329,7 @@ class Tracker:
             open_spike = None
             if open_alert is not None:
                 open_spike = Spike(
-                    _utc(open_alert["start"]), None, float(open_alert["peak"]), float(open_alert["baseline"])
+                    as_utc(open_alert["start"]), None, float(open_alert["peak"]), float(open_alert["baseline"])
                 )
             det = SpikeDetector(
                 self.cfg.spike_multiple,
@@ -365,7 +361,7 @@ class Tracker:
                 det.update(at, price)
             series = series_dict(key, gpus.get(key, ""))
             for spike in det.finish():
-                if open_alert is not None and spike.start == _utc(open_alert["start"]):
+                if open_alert is not None and spike.start == as_utc(open_alert["start"]):
                     if spike.end is not None:
                         await asyncio.to_thread(self.store.close_alert, int(open_alert["id"]), spike.end)
                         report.spikes_closed += 1

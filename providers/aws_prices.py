@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from broker.models import Market, PricePoint
+from broker.models import Market, PricePoint, as_utc
 from providers.catalog import aws_instance_info, load_catalog
 
 if TYPE_CHECKING:
@@ -36,12 +36,6 @@ LINUX = "Linux/UNIX"  # also matches "Linux/UNIX (Amazon VPC)", the EC2-Classic-
 DEFAULT_BACKFILL = timedelta(days=1)  # first poll of a region: how far back to start
 _CHUNK = 100  # instance types per request
 _PAGE = 1000  # MaxResults per page
-
-
-def _as_utc(value: datetime | str) -> datetime:
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def catalog_gpu_types() -> dict[str, str]:
@@ -63,7 +57,7 @@ def to_price_points(rows: list[Mapping[str, Any]], region: str, gpus: Mapping[st
             continue
         try:
             price = float(row["SpotPrice"])
-            at = _as_utc(row["Timestamp"])
+            at = as_utc(row["Timestamp"])
         except (KeyError, TypeError, ValueError):
             continue
         out.append(
@@ -84,7 +78,7 @@ def to_price_points(rows: list[Mapping[str, Any]], region: str, gpus: Mapping[st
 async def region_spot_history(aws: AwsProvider, region: str, since: datetime | None, now: datetime) -> list[PricePoint]:
     """Spot price points of one region from ``since`` (or ``now - DEFAULT_BACKFILL``) to now."""
     gpus = {**catalog_gpu_types(), **{sku: t.gpu for sku, t in (await aws.gpu_types(region)).items()}}
-    start = _as_utc(since) if since is not None else now - DEFAULT_BACKFILL
+    start = as_utc(since) if since is not None else now - DEFAULT_BACKFILL
     rows: list[dict[str, Any]] = []
     skus = sorted(gpus)
     for i in range(0, len(skus), _CHUNK):

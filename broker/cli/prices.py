@@ -19,7 +19,7 @@ from rich.table import Table
 from broker.cli import render
 from broker.cli.app import get_ctx
 from broker.errors import SpecError
-from broker.models import PricePoint, parse_duration, utcnow
+from broker.models import PricePoint, as_utc, parse_duration, utcnow
 from broker.price_replay import load_records, replay
 from policies.spikes import Spike, detect_spikes
 
@@ -55,10 +55,6 @@ def _open_store(ctx: typer.Context) -> Any:
     return open_store(get_ctx(ctx).settings.db_url)
 
 
-def _utc(at: datetime) -> datetime:
-    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
-
-
 def group_series(points: list[PricePoint]) -> dict[SeriesId, list[PricePoint]]:
     out: dict[SeriesId, list[PricePoint]] = {}
     for p in points:
@@ -89,7 +85,7 @@ def _spikes_of(
 ) -> list[Spike]:
     if key[5] not in SPIKE_STATS:
         return []
-    return detect_spikes([(_utc(p.at), p.usd_per_hour) for p in pts], multiple, clear, window)
+    return detect_spikes([(as_utc(p.at), p.usd_per_hour) for p in pts], multiple, clear, window)
 
 
 def _steps(pts: list[PricePoint], until: datetime) -> tuple[list[datetime], list[float]]:
@@ -97,8 +93,8 @@ def _steps(pts: list[PricePoint], until: datetime) -> tuple[list[datetime], list
     xs: list[datetime] = []
     ys: list[float] = []
     for i, p in enumerate(pts):
-        at = _utc(p.at)
-        nxt = _utc(pts[i + 1].at) if i + 1 < len(pts) else max(until, at)
+        at = as_utc(p.at)
+        nxt = as_utc(pts[i + 1].at) if i + 1 < len(pts) else max(until, at)
         xs += [at, nxt]
         ys += [p.usd_per_hour, p.usd_per_hour]
     return xs, ys
@@ -265,8 +261,8 @@ def _observed_peak(store: Any, a: dict[str, Any]) -> float:
             region=s.get("region"),
             zone=s.get("zone"),
             stat=s.get("stat"),
-            since=_utc(a["start"]),
-            until=_utc(a["end"]) if a.get("end") else None,
+            since=as_utc(a["start"]),
+            until=as_utc(a["end"]) if a.get("end") else None,
         )
     except (ValueError, KeyError):  # an alert from an older layout: keep what it says
         return float(a["peak"])
@@ -280,8 +276,8 @@ def _alert_row(store: Any, a: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": a["id"],
         "series": s,
-        "start": _utc(a["start"]).isoformat(),
-        "end": _utc(a["end"]).isoformat() if a.get("end") else None,
+        "start": as_utc(a["start"]).isoformat(),
+        "end": as_utc(a["end"]).isoformat() if a.get("end") else None,
         "peak": peak,
         "baseline": base,
         "ratio": round(peak / base, 4) if base > 0 else None,

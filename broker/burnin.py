@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from broker import probe as _probe
-from broker.errors import BadRequestError, NotFoundError, ProviderError, SpecError, TransientError
+from broker.errors import NotFoundError, ProviderError, SpecError, TransientError
 from broker.models import Allocation, AllocationState, Benchmark, Fabric
 from broker.nccl import parse_nccl, to_benchmark
 from policies.health import HealthThresholds, assess_with
@@ -273,22 +273,6 @@ def _slurm(svc: Lockstep, provider: str) -> SlurmProvider:
     return prov
 
 
-def _pin(body: dict[str, Any], version: str, node: str, gpus: int) -> dict[str, Any]:
-    """Pin the job to one node. SubmitRequest has no node list, so the key is added here:
-    v0.0.38 takes ``nodelist`` (parsed though its schema omits it), later versions ``required_nodes``."""
-    from providers import slurm_api as api
-
-    job = body["job"]
-    if api.version_key(version) <= (0, 0, 38):
-        job["nodelist"] = node
-    else:
-        job["required_nodes"] = [node]
-    if gpus <= 0:  # a node without GPUs: no GRES request at all ("gpu:0" is refused)
-        job.pop("gres", None)
-        job.pop("tres_per_node", None)
-    return body
-
-
 async def _submit(prov: SlurmProvider, node: str, gpus: int, gpu_type: str, partition: str | None,
                   script: str, comment: str, limit_min: int, log_path: str) -> str:
     from providers import slurm_api as api
@@ -303,16 +287,11 @@ async def _submit(prov: SlurmProvider, node: str, gpus: int, gpu_type: str, part
         comment=comment,
         partition=partition,
         stdout=log_path,
+        node=node,
     )
-    v = await prov.version()
-    body = _pin(api.submit_body(v, req), v, node, gpus)
     # The provider's own transport (auth, error mapping, bounded retries); a retried submit can at worst
     # start a second probe, which writes the same result file and is harmless.
-    data = await prov._call("POST", api.path(v, "submit"), body)
-    job_id = api.parse_submit(data) if isinstance(data, dict) else None
-    if job_id is None:
-        raise BadRequestError(prov.name, "burn-in submit answered without a job id")
-    return str(job_id)
+    return await prov.submit(req)
 
 
 def _tail(path: Path, lines: int = 3) -> str:

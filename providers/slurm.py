@@ -495,6 +495,19 @@ class SlurmProvider(Provider):
                 return self._allocation(job, offer_id=offer.id, usd_per_hour=self._rate(req))
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def submit(self, submit: api.SubmitRequest) -> str:
+        """Submit a batch job as it is (no ownership tags, no idempotency): the Slurm job id.
+
+        For Lockstep's own work beside users' jobs, such as a burn-in pinned to one node; retried
+        on transient errors like every call.
+        """
+        v = await self.version()
+        data = await self._call("POST", api.path(v, "submit"), api.submit_body(v, submit))
+        job_id = api.parse_submit(data) if isinstance(data, dict) else None
+        if job_id is None:
+            raise BadRequestError(PROVIDER, "job submit answered without a job id")
+        return str(job_id)
+
     @staticmethod
     def _rate(req: LaunchRequest) -> float:
         per_gpu = req.offer.usd_per_hour / req.offer.gpu_count if req.offer.gpu_count else 0.0

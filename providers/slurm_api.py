@@ -311,6 +311,7 @@ class SubmitRequest:
     cwd: str = "/tmp"
     stdout: str | None = None
     environment: dict[str, str] = field(default_factory=dict)
+    node: str | None = None  # pin the job to this node (burn-in measures one node)
 
 
 # --------------------------------------------------------------------------- response parsers
@@ -464,7 +465,13 @@ def submit_body(version: str, req: SubmitRequest) -> dict[str, Any]:
                 "environment": env,
             }
         )
+        if req.node:
+            job["nodelist"] = req.node  # parsed by 22.05 though its schema omits it
+        if req.gpus_per_node <= 0:  # no GPUs: no GRES request at all ("gpu:0" is refused)
+            del job["gres"]
         return {"script": req.script, "job": job}
+    if req.node:
+        job["required_nodes"] = [req.node]
     job.update(
         {
             "tres_per_node": f"gres/gpu:{gres_type}{req.gpus_per_node}",
@@ -475,6 +482,8 @@ def submit_body(version: str, req: SubmitRequest) -> dict[str, Any]:
             "script": req.script,
         }
     )
+    if req.gpus_per_node <= 0:
+        del job["tres_per_node"]
     if version_key(version) <= (0, 0, 39):
         job["time_limit"] = int(req.time_limit_min)
         return {"script": req.script, "job": job}

@@ -39,7 +39,7 @@ from broker.config import AwsConfig, Settings
 from broker.errors import ProviderError, TransientError
 from broker.models import AllocationState, Market, PricePoint, as_utc, utcnow
 from broker.price_summaries import market_summaries, rate_points, utilisation_points
-from broker.store import Store
+from broker.store import SERIES_KEYS, Store
 from policies.risk import RiskKey, preemption_rates
 from policies.spikes import Spike, SpikeDetector, volatility_per_hour
 from providers.base import Provider
@@ -51,7 +51,7 @@ SKIPPED_PROVIDERS = frozenset({"catalog"})  # a static snapshot: no history to t
 SPIKE_STATS = frozenset({"price", "median"})  # min/p10 of a marketplace jump when one cheap host leaves
 SPIKE_MARKETS = frozenset({Market.spot.value, Market.on_demand.value})  # owned/reserved rates are config
 HOUSEKEEPING_EVERY = timedelta(hours=1)
-SERIES_FIELDS: tuple[str, ...] = ("provider", "market", "sku", "region", "zone", "stat")
+SERIES_FIELDS = SERIES_KEYS  # the store's definition of a price series
 
 SeriesKey = tuple[str, str, str, str, str, str]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -62,13 +62,13 @@ from providers.aws_requests import (
 )
 from providers.aws_types import GPU_TYPE_PATTERNS, GpuType, latest_spot_prices, parse_instance_type
 from providers.base import JOB_TAG, OWNER_TAG, LaunchRequest, OfferQuery, Provider
+from providers.catalog import aws_on_demand_price
 
 log = logging.getLogger(__name__)
 
 _CHUNK = 100  # filter values per request
 _GONE_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
 
-OnDemandPrice = Callable[[str, str], float | None]
 
 
 @dataclass
@@ -90,15 +90,6 @@ def _chunks(items: list[str], size: int = _CHUNK) -> Iterable[list[str]]:
 
 def _tags(instance: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in instance.get("Tags") or []}
-
-
-def _on_demand_lookup() -> OnDemandPrice | None:
-    """The bundled catalog's price function, imported lazily (it ships separately)."""
-    try:
-        from providers.catalog import aws_on_demand_price
-    except ImportError:
-        return None
-    return aws_on_demand_price
 
 
 def query_accepts(t: GpuType, query: OfferQuery | None) -> bool:
@@ -291,12 +282,12 @@ class AwsProvider(Provider):
             return []
         zones = await self.offered_zones(region, list(types))
         spot = await self.spot_prices(region, list(zones)) if Market.spot in markets and zones else {}
-        od_price = _on_demand_lookup() if Market.on_demand in markets else None
+        want_on_demand = Market.on_demand in markets
         cap = query.max_usd_per_hour if query else None
         out: list[Offer] = []
         for sku in sorted(zones):
             t = types[sku]
-            on_demand = od_price(sku, region) if od_price else None
+            on_demand = aws_on_demand_price(sku, region) if want_on_demand else None
             for zone in zones[sku]:
                 if on_demand is not None and (cap is None or on_demand <= cap):
                     out.append(self.make_offer(t, region, zone, Market.on_demand, on_demand))

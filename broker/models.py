@@ -519,6 +519,43 @@ class PricePoint(BaseModel):
     count: int | None = None
 
 
+class PriceSeries(BaseModel):
+    """One series' stored points in columns (``at[i]``, ``usd_per_hour[i]``, ``count[i]``), oldest first.
+
+    What charts and the API read: a model per point costs more than the query that
+    fetched it, and the series' fields would repeat in every point.
+    """
+
+    provider: str
+    market: Market
+    sku: str
+    gpu: str = ""
+    region: str = ""
+    zone: str = ""
+    stat: str = "price"
+    at: list[datetime] = Field(default_factory=list)
+    usd_per_hour: list[float] = Field(default_factory=list)
+    count: list[int | None] = Field(default_factory=list)
+
+    def points(self) -> list[PricePoint]:
+        """The same points as :class:`PricePoint` rows."""
+        return [
+            PricePoint(
+                provider=self.provider,
+                market=self.market,
+                sku=self.sku,
+                gpu=self.gpu,
+                region=self.region,
+                zone=self.zone,
+                stat=self.stat,
+                usd_per_hour=usd,
+                count=n,
+                at=at,
+            )
+            for at, usd, n in zip(self.at, self.usd_per_hour, self.count, strict=True)
+        ]
+
+
 class Benchmark(BaseModel):
     provider: str
     target: str  # host name or SKU

@@ -25,11 +25,10 @@ import base64
 import hashlib
 import hmac
 import json
-import operator
 import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,6 @@ from sqlalchemy.engine import Connection, Engine, RowMapping
 from sqlalchemy.pool import StaticPool
 
 from broker.errors import ConflictError, NotFoundError, SpecError, StoreError
-from broker.gpus import FAMILIES, GPU_SPECS
 from broker.models import (
     ALLOWED_TRANSITIONS,
     Allocation,
@@ -49,8 +47,6 @@ from broker.models import (
     Job,
     JobEvent,
     JobState,
-    Market,
-    PricePoint,
     QuoteOption,
     Role,
     Tenant,
@@ -58,6 +54,7 @@ from broker.models import (
     as_utc,
     utcnow,
 )
+from broker.price_store import PriceStore
 from broker.tables import (
     LIVE_ALLOCATION_STATES,
     AllocationRow,
@@ -66,8 +63,6 @@ from broker.tables import (
     JobEventRow,
     JobRow,
     NodeHealthRow,
-    PriceLatestRow,
-    PricePointRow,
     SpikeAlertRow,
     TenantRow,
     TokenRow,
@@ -78,8 +73,6 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 JOBS: sa.Table = JobRow.__table__  # type: ignore[attr-defined]
 EVENTS: sa.Table = JobEventRow.__table__  # type: ignore[attr-defined]
 ALLOCS: sa.Table = AllocationRow.__table__  # type: ignore[attr-defined]
-PRICES: sa.Table = PricePointRow.__table__  # type: ignore[attr-defined]
-LATEST: sa.Table = PriceLatestRow.__table__  # type: ignore[attr-defined]
 ALERTS: sa.Table = SpikeAlertRow.__table__  # type: ignore[attr-defined]
 BENCHES: sa.Table = BenchmarkRow.__table__  # type: ignore[attr-defined]
 HEALTH: sa.Table = NodeHealthRow.__table__  # type: ignore[attr-defined]
@@ -121,31 +114,6 @@ LIVE_STATES: tuple[AllocationState, ...] = tuple(AllocationState(s) for s in LIV
 # Allocations that cost money while they last (for spend accrual).
 BILLING_STATES: tuple[str, ...] = (AllocationState.pending.value, AllocationState.running.value)
 TOKEN_PREFIX = "lst_"
-PRICE_BATCH = 5000
-SERIES_KEYS: tuple[str, ...] = ("provider", "market", "sku", "region", "zone", "stat")
-_MARKETS: dict[str, Market] = {m.value: m for m in Market}
-_MARKET_VALUES: dict[str, str] = {m.value: m.value for m in Market}  # Market members hash as their value
-_BY_AT = operator.attrgetter("at")
-PRICE_COLS: tuple[str, ...] = (
-    "provider",
-    "market",
-    "sku",
-    "gpu",
-    "region",
-    "zone",
-    "stat",
-    "usd_per_hour",
-    "count",
-    "at",
-)
-_SQLITE_PRICE_INSERT = f"INSERT INTO price_points ({', '.join(PRICE_COLS)}) VALUES ({', '.join('?' * len(PRICE_COLS))})"
-_SQLITE_LATEST_UPSERT = (
-    f"INSERT INTO price_latest ({', '.join(PRICE_COLS)}) VALUES ({', '.join('?' * len(PRICE_COLS))}) "
-    f"ON CONFLICT ({', '.join(SERIES_KEYS)}) DO UPDATE SET gpu = excluded.gpu, "
-    "usd_per_hour = excluded.usd_per_hour, count = excluded.count, at = excluded.at "
-    "WHERE excluded.at > price_latest.at"
-)
-_PG_PRICE_COPY = f"COPY price_points ({', '.join(PRICE_COLS)}) FROM STDIN"
 
 
 def _hash_token(plaintext: str) -> str:
@@ -197,7 +165,7 @@ def make_engine(url: str) -> Engine:
     return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
 
 
-class Store:
+class Store(PriceStore):
     """All persistent state. Thread-safe; one per process is enough."""
 
     def __init__(self, url: str) -> None:
@@ -657,248 +625,6 @@ class Store:
                 if resource_id in (row["resource_ids"] or []):
                     return self._alloc(row)
         return None
-
-    # ------------------------------------------------------------------ prices
-
-    @staticmethod
-    def _price(row: Any) -> PricePoint:
-        """A PricePoint from a row of PRICE_COLS (positional: attribute access on rows is slow)."""
-        provider, market, sku, gpu, region, zone, stat, usd_per_hour, count, at = row
-        return PricePoint(
-            provider=provider,
-            market=_MARKETS[market],
-            sku=sku,
-            gpu=gpu,
-            region=region,
-            zone=zone,
-            usd_per_hour=usd_per_hour,
-            at=at,
-            stat=stat,
-            count=count,
-        )
-
-    def _latest_many(self, conn: Connection, keys: list[tuple[str, ...]]) -> dict[tuple[str, ...], Any]:
-        """The price_latest rows of the given series.
-
-        One query per (provider, market, stat) with the batch's SKUs, filtered to the exact
-        series here: compiling a 6-column tuple IN over thousands of series cost more than
-        reading a few extra rows.
-        """
-        wanted = set(keys)
-        groups: dict[tuple[str, str, str], set[str]] = {}
-        for provider, market, sku, _region, _zone, stat in wanted:
-            groups.setdefault((provider, market, stat), set()).add(sku)
-        cols = [LATEST.c[k] for k in PRICE_COLS]
-        out: dict[tuple[str, ...], Any] = {}
-        for (provider, market, stat), skus in groups.items():
-            sku_list = sorted(skus)
-            for i in range(0, len(sku_list), 500):
-                q = sa.select(*cols).where(
-                    LATEST.c.provider == provider,
-                    LATEST.c.market == market,
-                    LATEST.c.stat == stat,
-                    LATEST.c.sku.in_(sku_list[i : i + 500]),
-                )
-                for row in conn.execute(q).all():
-                    key = (row[0], row[1], row[2], row[4], row[5], row[6])
-                    if key in wanted:
-                        out[key] = row
-        return out
-
-    def add_price_points(self, points: list[PricePoint]) -> int:
-        """Append price points; returns how many rows were stored.
-
-        History is append-only and change-only per series (provider, market, sku,
-        region, zone, stat): a point no newer than the series' latest stored point
-        is ignored (re-polls overlap), and a point with the same price as the point
-        before it is not stored again. So a flat price is one row, not one per poll;
-        readers treat a point as valid until the next one. Rows go in with Core
-        executemany in batches, and the series' latest point (table price_latest)
-        is upserted in the same transaction.
-        """
-        if not points:
-            return 0
-        by_series: dict[tuple[str, ...], list[PricePoint]] = {}
-        for p in points:
-            market = _MARKET_VALUES.get(p.market) or Market(p.market).value
-            key = (p.provider, market, p.sku, p.region, p.zone, p.stat)
-            by_series.setdefault(key, []).append(p)
-        inserted = 0
-        with self._tx() as conn:
-            latest = self._latest_many(conn, list(by_series))
-            rows: list[tuple[Any, ...]] = []
-            newest: list[tuple[Any, ...]] = []
-            for key, series in by_series.items():
-                series.sort(key=_BY_AT)
-                last = latest.get(key)
-                last_at = last[9] if last is not None else None
-                last_price = last[7] if last is not None else None
-                row: tuple[Any, ...] | None = None
-                for p in series:
-                    at = p.at if p.at.tzinfo is UTC else as_utc(p.at)
-                    if last_at is not None and at <= last_at:
-                        continue
-                    if p.usd_per_hour == last_price:
-                        continue
-                    row = (key[0], key[1], key[2], p.gpu, key[3], key[4], key[5], p.usd_per_hour, p.count, at)
-                    rows.append(row)
-                    last_at, last_price = at, p.usd_per_hour
-                if row is not None:
-                    newest.append(row)
-                if len(rows) >= PRICE_BATCH:
-                    inserted += self._insert_prices(conn, rows)
-                    rows = []
-            if rows:
-                inserted += self._insert_prices(conn, rows)
-            if newest:
-                self._upsert_latest(conn, newest)
-        return inserted
-
-    def _upsert_latest(self, conn: Connection, rows: list[tuple[Any, ...]]) -> None:
-        """Upsert the newest point of each series; a concurrent newer write wins."""
-        if self.is_sqlite:
-            conn.exec_driver_sql(
-                _SQLITE_LATEST_UPSERT,
-                [(*r[:9], r[9].replace(tzinfo=None).isoformat(" ", "microseconds")) for r in rows],  # r[9] is UTC
-            )
-            return
-        stmt = self._insert_fn()(LATEST)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=list(SERIES_KEYS),
-            set_={k: stmt.excluded[k] for k in ("gpu", "usd_per_hour", "count", "at")},
-            where=stmt.excluded.at > LATEST.c.at,
-        )
-        conn.execute(stmt, [dict(zip(PRICE_COLS, r, strict=True)) for r in rows])
-
-    def _insert_prices(self, conn: Connection, rows: list[tuple[Any, ...]]) -> int:
-        """Bulk insert of PRICE_COLS tuples, the fastest way each driver offers.
-
-        Going through SQLAlchemy's per-row parameter processing cost more than SQLite's
-        own insert, so: SQLite gets one driver-level executemany with timestamps already
-        in SQLAlchemy's storage format (naive UTC, microseconds); PostgreSQL gets COPY.
-        Both run inside the caller's transaction.
-        """
-        if self.is_sqlite:
-            conn.exec_driver_sql(
-                _SQLITE_PRICE_INSERT,
-                [(*r[:9], r[9].replace(tzinfo=None).isoformat(" ", "microseconds")) for r in rows],  # r[9] is UTC
-            )
-        elif self.dialect == "postgresql":
-            driver = conn.connection.driver_connection
-            with driver.cursor() as cur, cur.copy(_PG_PRICE_COPY) as copy:  # type: ignore[union-attr]
-                for r in rows:
-                    copy.write_row(r)
-        else:
-            conn.execute(PRICES.insert(), [dict(zip(PRICE_COLS, r, strict=True)) for r in rows])
-        return len(rows)
-
-    def latest_price_point(
-        self, provider: str, market: Market | str, sku: str, region: str, zone: str, stat: str = "price"
-    ) -> PricePoint | None:
-        """The newest stored point of one series (kept even after its history is pruned)."""
-        key = (provider, Market(market).value, sku, region, zone, stat)
-        return self.latest_price_points([key]).get(key)
-
-    def latest_price_points(self, keys: Iterable[tuple[str, ...]]) -> dict[tuple[str, ...], PricePoint]:
-        """The newest stored point of each series (provider, market, sku, region, zone, stat), in one
-        read; series with no point are absent."""
-        wanted = [(p, Market(m).value, sku, r, z, st) for p, m, sku, r, z, st in keys]
-        with self._tx(write=False) as conn:
-            rows = self._latest_many(conn, wanted)
-        return {key: self._price(row) for key, row in rows.items()}
-
-    def last_seen(self, provider: str, region: str | None = None) -> datetime | None:
-        """Time of the newest stored point of a provider (and region), for incremental polling."""
-        q = sa.select(sa.func.max(LATEST.c.at)).where(LATEST.c.provider == provider)
-        if region is not None:
-            q = q.where(LATEST.c.region == region)
-        with self._tx(write=False) as conn:
-            value = conn.execute(q).scalar()
-        if value is None:
-            return None
-        if isinstance(value, str):  # SQLite hands back aggregate results untyped
-            value = datetime.fromisoformat(value)
-        return as_utc(value)
-
-    @staticmethod
-    def gpu_names(gpu: str) -> list[str]:
-        """Canonical names a GPU filter matches: the name itself, its family, or a prefix ("H100")."""
-        names = {gpu}
-        names.update(FAMILIES.get(gpu, ()))
-        names.update(n for n in GPU_SPECS if n.startswith(gpu + "-"))
-        return sorted(names)
-
-    def price_history(
-        self,
-        gpu: str | None = None,
-        sku: str | None = None,
-        provider: str | None = None,
-        market: Market | None = None,
-        zone: str | None = None,
-        region: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        stat: str | None = None,
-        limit: int | None = None,
-    ) -> list[PricePoint]:
-        """Stored points matching the filters, oldest first; ``limit`` keeps the newest ``limit``."""
-        q = sa.select(*[PRICES.c[k] for k in PRICE_COLS])
-        if gpu:
-            q = q.where(PRICES.c.gpu.in_(self.gpu_names(gpu)))
-        for col, value in (
-            ("sku", sku),
-            ("provider", provider),
-            ("zone", zone),
-            ("region", region),
-            ("stat", stat),
-        ):
-            if value is not None:
-                q = q.where(PRICES.c[col] == value)
-        if market is not None:
-            q = q.where(PRICES.c.market == Market(market).value)
-        if since is not None:
-            q = q.where(PRICES.c.at >= since)
-        if until is not None:
-            q = q.where(PRICES.c.at < until)
-        if limit is not None:
-            q = q.order_by(PRICES.c.at.desc(), PRICES.c.id.desc()).limit(limit)
-        else:
-            q = q.order_by(PRICES.c.at, PRICES.c.id)
-        with self._tx(write=False) as conn:
-            rows = conn.execute(q).all()  # fetchall: row-by-row fetchone cost more than the query
-        out = [self._price(r) for r in rows]
-        if limit is not None:
-            out.reverse()
-        return out
-
-    def compact_prices(self, older_than: datetime, bucket_seconds: int = 3600) -> int:
-        """Keep the last point per series per time bucket before ``older_than``; returns rows deleted."""
-        if bucket_seconds <= 0:
-            raise StoreError("bucket_seconds must be positive")
-        cols = [PRICES.c[k] for k in SERIES_KEYS]
-        q = (
-            sa.select(PRICES.c.id, PRICES.c.at, *cols)
-            .where(PRICES.c.at < older_than)
-            .order_by(*cols, PRICES.c.at, PRICES.c.id)
-        )
-        doomed: list[int] = []
-        with self._tx() as conn:
-            prev_key: tuple[Any, ...] | None = None
-            prev_id: int | None = None
-            for row in conn.execute(q):
-                bucket = int(as_utc(row.at).timestamp()) // bucket_seconds
-                key = (*row[2:], bucket)
-                if key == prev_key and prev_id is not None:
-                    doomed.append(prev_id)  # a later point in the same bucket replaces it
-                prev_key, prev_id = key, row.id
-            for i in range(0, len(doomed), PRICE_BATCH):
-                conn.execute(PRICES.delete().where(PRICES.c.id.in_(doomed[i : i + PRICE_BATCH])))
-        return len(doomed)
-
-    def prune_prices(self, older_than: datetime) -> int:
-        """Delete every point before ``older_than``; returns rows deleted."""
-        with self._tx() as conn:
-            return conn.execute(PRICES.delete().where(PRICES.c.at < older_than)).rowcount or 0
 
     # ------------------------------------------------------------------ spike alerts
 

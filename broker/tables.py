@@ -175,45 +175,55 @@ class AllocationRow(SQLModel, table=True):
     attrs: dict[str, str] | None = _json()
 
 
-class PricePointRow(SQLModel, table=True):
-    __tablename__ = "price_points"
+class PriceSeriesRow(SQLModel, table=True):
+    """One price series (provider, market, sku, region, zone, stat), with its newest stored point.
+
+    Points refer to their series by id, so history rows stay four numbers wide; the newest
+    point here serves dedup on ingest and ``last_seen`` in one read, and outlives pruning.
+    """
+
+    __tablename__ = "price_series"
     __table_args__ = (
-        # "History of one GPU model over a window": an index range scan on (gpu, at).
-        sa.Index("ix_price_points_gpu_at", "gpu", "at"),
-        # Per-series history (spike detection, compaction). Kept to two indexes on purpose:
-        # every index costs on bulk ingest; "latest per series" lives in price_latest.
-        sa.Index("ix_price_points_series_at", "provider", "market", "sku", "region", "zone", "stat", "at"),
+        sa.UniqueConstraint("provider", "market", "sku", "region", "zone", "stat", name="uq_price_series_key"),
+        sa.Index("ix_price_series_gpu", "gpu"),
+        sa.Index("ix_price_series_provider_region", "provider", "region"),
     )
 
     id: int | None = Field(default=None, sa_column=sa.Column(BigId, primary_key=True, autoincrement=True))
     provider: str = Field(sa_column=sa.Column(sa.String(64), nullable=False))
     market: str = Field(sa_column=sa.Column(sa.String(16), nullable=False))
     sku: str = Field(sa_column=sa.Column(sa.String(128), nullable=False))
-    gpu: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, server_default=""))
     region: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, server_default=""))
     zone: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, server_default=""))
     stat: str = Field(sa_column=sa.Column(sa.String(16), nullable=False, server_default="price"))
-    usd_per_hour: float = Field(sa_column=sa.Column(sa.Float(), nullable=False))
-    count: int | None = Field(default=None, sa_column=sa.Column(sa.Integer(), nullable=True))
-    at: datetime = _ts()
-
-
-class PriceLatestRow(SQLModel, table=True):
-    """The newest stored point of each price series: dedup on ingest and last_seen in one indexed lookup."""
-
-    __tablename__ = "price_latest"
-    __table_args__ = (sa.Index("ix_price_latest_provider_region", "provider", "region"),)
-
-    provider: str = Field(sa_column=sa.Column(sa.String(64), primary_key=True))
-    market: str = Field(sa_column=sa.Column(sa.String(16), primary_key=True))
-    sku: str = Field(sa_column=sa.Column(sa.String(128), primary_key=True))
-    region: str = Field(sa_column=sa.Column(sa.String(64), primary_key=True))
-    zone: str = Field(sa_column=sa.Column(sa.String(64), primary_key=True))
-    stat: str = Field(sa_column=sa.Column(sa.String(16), primary_key=True))
     gpu: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, server_default=""))
+    # The newest stored point: microseconds since the epoch (UTC), price and offer count.
+    last_at: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger(), nullable=True))
+    last_usd: float | None = Field(default=None, sa_column=sa.Column(sa.Float(), nullable=True))
+    last_count: int | None = Field(default=None, sa_column=sa.Column(sa.Integer(), nullable=True))
+
+
+class PricePointRow(SQLModel, table=True):
+    """Price history, clustered by (series, time).
+
+    The primary key is the only index: one B-tree to maintain on ingest, and "one GPU
+    model over a window" is a range scan per matching series. On SQLite the table is
+    WITHOUT ROWID, so the key *is* the table. Time is integer microseconds since the
+    epoch (UTC): an 8-byte key that compares and converts faster than text. No foreign
+    key to price_series: the check would cost a lookup per inserted point, and series
+    are never deleted.
+    """
+
+    __tablename__ = "price_points"
+    __table_args__ = (
+        sa.PrimaryKeyConstraint("series_id", "at_us", name="pk_price_points"),
+        {"sqlite_with_rowid": False},
+    )
+
+    series_id: int = Field(sa_column=sa.Column(sa.BigInteger(), nullable=False))
+    at_us: int = Field(sa_column=sa.Column(sa.BigInteger(), nullable=False))
     usd_per_hour: float = Field(sa_column=sa.Column(sa.Float(), nullable=False))
     count: int | None = Field(default=None, sa_column=sa.Column(sa.Integer(), nullable=True))
-    at: datetime = _ts()
 
 
 class SpikeAlertRow(SQLModel, table=True):

@@ -38,8 +38,9 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from broker.config import AwsConfig, Settings
 from broker.errors import ProviderError, TransientError
 from broker.models import AllocationState, Market, PricePoint, as_utc, utcnow
+from broker.price_store import SERIES_KEYS
 from broker.price_summaries import market_summaries, rate_points, utilisation_points
-from broker.store import SERIES_KEYS, Store
+from broker.store import Store
 from policies.risk import RiskKey, preemption_rates
 from policies.spikes import Spike, SpikeDetector, volatility_per_hour
 from providers.base import Provider

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import sqlalchemy as sa
+from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
@@ -74,3 +77,83 @@ def test_0002_backfills_latest_prices(sqlite_url: str) -> None:
         assert store.last_seen("aws") is not None and store.last_seen("aws").hour == 13  # type: ignore[union-attr]
     finally:
         store.close()
+
+
+def _alembic(store: Store, action: str, revision: str) -> None:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with store.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        getattr(command, action)(cfg, revision)
+
+
+OLD_POINTS = [  # (zone, stat, price, count, at as stored by 0003: naive UTC text / timestamptz)
+    ("us-east-1a", "price", 10.0, None, "2026-03-01 12:00:00.000000"),
+    ("us-east-1a", "price", 12.5, None, "2026-03-01 13:00:00.123456"),
+    ("us-east-1b", "price", 9.0, None, "2026-03-01 12:30:00.000001"),
+    ("", "min", 2.1, 40, "2026-03-01 12:45:59.999999"),
+]
+
+
+def _check_0004(url: str) -> None:
+    store = Store(url)
+    try:
+        store.migrate("0003")
+        # SQLite stores naive UTC text; PostgreSQL timestamptz.
+        at_sql = ":at" if store.is_sqlite else "CAST(:at || '+00' AS TIMESTAMP WITH TIME ZONE)"
+        with store.engine.begin() as conn:
+            for zone, stat, price, count, at in OLD_POINTS:
+                provider = "vast" if stat == "min" else "aws"
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO price_points (provider, market, sku, gpu, region, zone, stat, usd_per_hour,"
+                        " count, at) VALUES (:provider, 'spot', 'p5.48xlarge', 'H100-SXM', :region, :zone, :stat,"
+                        f" :price, :count, {at_sql})"
+                    ),
+                    {"provider": provider, "region": "us-east-1" if zone else "", "zone": zone, "stat": stat,
+                     "price": price, "count": count, "at": at},
+                )
+            # 0003's latest table knew the first aws series only: the others come from history alone.
+            conn.execute(sa.text(
+                "INSERT INTO price_latest (provider, market, sku, region, zone, stat, gpu, usd_per_hour, count, at)"
+                " SELECT provider, market, sku, region, zone, stat, gpu, usd_per_hour, count, at FROM price_points"
+                " WHERE zone = 'us-east-1a' ORDER BY at DESC LIMIT 1"
+            ))
+        store.migrate()
+        expected = sorted(
+            (zone, stat, price, count, datetime.fromisoformat(at).replace(tzinfo=UTC))
+            for zone, stat, price, count, at in OLD_POINTS
+        )
+        got = sorted((p.zone, p.stat, p.usd_per_hour, p.count, p.at) for p in store.price_history(gpu="H100"))
+        assert got == expected
+        latest = store.latest_price_point("aws", "spot", "p5.48xlarge", "us-east-1", "us-east-1a")
+        assert latest is not None and latest.usd_per_hour == 12.5
+        assert latest.at == datetime(2026, 3, 1, 13, 0, 0, 123456, tzinfo=UTC)
+        assert store.last_seen("aws") == latest.at
+        only_in_history = store.latest_price_point("aws", "spot", "p5.48xlarge", "us-east-1", "us-east-1b")
+        assert only_in_history is not None and only_in_history.usd_per_hour == 9.0
+        assert store.latest_price_point("vast", "spot", "p5.48xlarge", "", "", "min").count == 40  # type: ignore[union-attr]
+        # Ingest carries on from the migrated history: an older point is ignored, a newer one stored.
+        old = store.price_history(zone="us-east-1b")[0]
+        assert store.add_price_points([old.model_copy(update={"usd_per_hour": 1.0})]) == 0
+        assert store.add_price_points([old.model_copy(update={"usd_per_hour": 1.0, "at": latest.at})]) == 1
+        # And back: 0003's layout holds the same points again.
+        _alembic(store, "downgrade", "0003")
+        with store.engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT zone, usd_per_hour FROM price_points ORDER BY at, zone")).all()
+            assert [tuple(r) for r in rows] == [
+                ("us-east-1a", 10.0), ("us-east-1b", 9.0), ("", 2.1), ("us-east-1a", 12.5), ("us-east-1b", 1.0),
+            ]
+            assert conn.execute(sa.text("SELECT count(*) FROM price_latest")).scalar() == 3
+        store.migrate()
+        assert len(store.price_history()) == 5
+    finally:
+        store.close()
+
+
+def test_0004_moves_history_to_series_on_sqlite(sqlite_url: str) -> None:
+    _check_0004(sqlite_url)
+
+
+def test_0004_moves_history_to_series_on_postgres(pg_database: Callable[[], str]) -> None:
+    _check_0004(pg_database())

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
+import pytest
+
+from broker import price_store
 from broker.models import Market, PricePoint
 from broker.store import Store
 
@@ -88,3 +91,66 @@ def test_prune(store: Store) -> None:
     store.add_price_points([_p(1.0, 0), _p(2.0, 60), _p(3.0, 120)])
     assert store.prune_prices(T0 + timedelta(minutes=90)) == 2
     assert [p.usd_per_hour for p in store.price_history()] == [3.0]
+
+
+def test_series_columns_hold_the_same_points_as_history(store: Store) -> None:
+    store.add_price_points([
+        _p(10.0, 0), _p(11.0, 60), _p(12.0, 120),
+        _p(9.0, 30, zone="us-east-1b"),
+        _p(3.0, 30, sku="h100nvl", gpu="H100-NVL", provider="vast", region="", zone="", count=7),
+        _p(5.0, 0, sku="p4d.24xlarge", gpu="A100-SXM-40GB"),
+    ])
+    series = store.price_series(gpu="H100")
+    assert [(s.provider, s.sku, s.zone) for s in series] == [
+        ("aws", "p5.48xlarge", "us-east-1a"), ("aws", "p5.48xlarge", "us-east-1b"), ("vast", "h100nvl", ""),
+    ]
+    assert series[0].usd_per_hour == [10.0, 11.0, 12.0] and series[0].at == sorted(series[0].at)
+    assert series[2].count == [7] and series[2].gpu == "H100-NVL"
+    flat = store.price_history(gpu="H100")
+    assert sorted((p for s in series for p in s.points()), key=lambda p: (p.at, p.zone, p.sku)) == sorted(
+        flat, key=lambda p: (p.at, p.zone, p.sku)
+    )
+    # A window leaves out series with no point in it.
+    window = store.price_series(gpu="H100", since=T0 + timedelta(minutes=45))
+    assert [(s.zone, s.usd_per_hour) for s in window] == [("us-east-1a", [11.0, 12.0])]
+    assert store.price_series(gpu="B200") == []
+
+
+def test_times_round_trip_to_the_microsecond(store: Store) -> None:
+    exact = datetime(2026, 3, 1, 12, 0, 0, 123457, tzinfo=UTC)
+    naive = datetime(2026, 3, 1, 12, 0, 1, 999999)  # taken as UTC
+    plus2 = datetime(2026, 3, 1, 14, 0, 2, tzinfo=timezone(timedelta(hours=2)))  # 12:00:02 UTC
+    pts = [_p(1.0, 0), _p(2.0, 0), _p(3.0, 0)]
+    for p, at in zip(pts, (exact, naive, plus2), strict=True):
+        p.at = at
+    assert store.add_price_points(pts) == 3
+    got = [p.at for p in store.price_history()]
+    assert got == [exact, naive.replace(tzinfo=UTC), datetime(2026, 3, 1, 12, 0, 2, tzinfo=UTC)]
+    assert all(at.tzinfo is UTC for at in got)
+    assert store.last_seen("aws") == datetime(2026, 3, 1, 12, 0, 2, tzinfo=UTC)
+    assert [p.usd_per_hour for p in store.price_history(since=exact + timedelta(microseconds=1))] == [2.0, 3.0]
+
+
+def test_reads_past_the_series_id_limit_scan_and_keep_only_matches(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.add_price_points([
+        _p(10.0, 0), _p(11.0, 60), _p(9.0, 30, zone="us-east-1b"),
+        _p(5.0, 10, sku="p4d.24xlarge", gpu="A100-SXM-40GB"), _p(6.0, 90, sku="p4d.24xlarge", gpu="A100-SXM-40GB"),
+    ])
+    named = (store.price_history(gpu="H100"), store.price_history(gpu="H100", limit=2), store.price_series(gpu="H100"))
+    monkeypatch.setattr(price_store, "_MAX_IDS", 1)  # every read below takes the scanning path
+    assert (store.price_history(gpu="H100"), store.price_history(gpu="H100", limit=2),
+            store.price_series(gpu="H100")) == named
+    assert [p.usd_per_hour for p in named[1]] == [9.0, 11.0]
+    assert [p.usd_per_hour for p in store.price_history(limit=2)] == [11.0, 6.0]
+
+
+def test_a_series_keeps_its_newest_point_and_gpu_after_pruning(store: Store) -> None:
+    store.add_price_points([_p(1.0, 0), _p(2.0, 60)])
+    store.add_price_points([_p(3.0, 120, gpu="H100-SXM-renamed")])
+    assert store.prune_prices(T0 + timedelta(hours=3)) == 3
+    latest = store.latest_price_point("aws", Market.spot, "p5.48xlarge", "us-east-1", "us-east-1a")
+    assert latest is not None and (latest.usd_per_hour, latest.gpu) == (3.0, "H100-SXM-renamed")
+    assert store.add_price_points([_p(3.0, 180)]) == 0  # still deduplicated against it
+    assert store.add_price_points([_p(4.0, 180)]) == 1

@@ -1,0 +1,420 @@
+"""Price history in the store: series, their points, and each series' newest point.
+
+:class:`PriceStore` is the price half of :class:`broker.store.Store` (which mixes it
+in and provides the engine and transactions). Layout, chosen for bulk ingest and
+"one GPU model over a window" reads (see broker/tables.py and migration 0004):
+
+- ``price_series``: one row per (provider, market, sku, region, zone, stat) with its
+  GPU model and newest stored point;
+- ``price_points``: (series_id, at_us, usd_per_hour, count), clustered on
+  (series_id, at_us); time is integer microseconds since the epoch, UTC.
+
+History is append-only and change-only per series: a point no newer than the series'
+newest is ignored (re-polls overlap), and a point at the same price as the one before
+it is not stored again, so a price is valid until the next point of its series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from broker.errors import StoreError
+from broker.gpus import FAMILIES, GPU_SPECS
+from broker.models import Market, PricePoint, PriceSeries
+from broker.tables import PricePointRow, PriceSeriesRow
+
+POINTS: sa.Table = PricePointRow.__table__  # type: ignore[attr-defined]
+SERIES: sa.Table = PriceSeriesRow.__table__  # type: ignore[attr-defined]
+
+SERIES_KEYS: tuple[str, ...] = ("provider", "market", "sku", "region", "zone", "stat")
+PRICE_BATCH = 5000
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+# Above this many series a read scans the points instead of naming every series id
+# (SQLite allows 32,766 parameters in a statement, psycopg 65,535).
+_MAX_IDS = 10_000
+_MARKETS: dict[str, Market] = {m.value: m for m in Market}
+_MARKET_VALUES: dict[str, str] = {m.value: m.value for m in Market}  # Market members hash as their value
+_SERIES_COLS = (SERIES.c.id, *(SERIES.c[k] for k in SERIES_KEYS), SERIES.c.gpu)
+_LATEST_COLS = (*_SERIES_COLS, SERIES.c.last_at, SERIES.c.last_usd, SERIES.c.last_count)
+_SQLITE_POINT_INSERT = "INSERT INTO price_points (series_id, at_us, usd_per_hour, count) VALUES (?, ?, ?, ?)"
+_SERIES_UPDATE = "UPDATE price_series SET gpu = {p}, last_at = {p}, last_usd = {p}, last_count = {p} WHERE id = {p}"
+_PG_POINT_COPY = "COPY price_points (series_id, at_us, usd_per_hour, count) FROM STDIN"
+
+
+def to_us(at: datetime) -> int:
+    """Microseconds since the epoch; a naive datetime is taken as UTC."""
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return (at - EPOCH) // _US
+
+
+def from_us(us: int) -> datetime:
+    """The UTC datetime of microseconds since the epoch (exact, unlike float seconds)."""
+    return EPOCH + timedelta(microseconds=us)
+
+
+def gpu_names(gpu: str) -> list[str]:
+    """Canonical names a GPU filter matches: the name itself, its family, or a prefix ("H100")."""
+    names = {gpu}
+    names.update(FAMILIES.get(gpu, ()))
+    names.update(n for n in GPU_SPECS if n.startswith(gpu + "-"))
+    return sorted(names)
+
+
+class PriceStore:
+    """Price methods of :class:`broker.store.Store`; the store provides the attributes below."""
+
+    is_sqlite: bool
+    _tx: Callable[..., AbstractContextManager[Connection]]
+    _insert_fn: Callable[[], Any]
+
+    gpu_names = staticmethod(gpu_names)
+
+    # ------------------------------------------------------------------ writing
+
+    def add_price_points(self, points: list[PricePoint]) -> int:
+        """Append price points (change-only, see the module doc); returns how many rows were stored.
+
+        One transaction: the batch's series are read (and locked on PostgreSQL, so two
+        writers of one series take turns), missing series created, new points inserted
+        in bulk and each touched series' newest point updated.
+        """
+        if not points:
+            return 0
+        by_series: dict[tuple[str, ...], list[PricePoint]] = {}
+        for p in points:
+            market = _MARKET_VALUES.get(p.market) or Market(p.market).value
+            key = (p.provider, market, p.sku, p.region, p.zone, p.stat)
+            by_series.setdefault(key, []).append(p)
+        inserted = 0
+        with self._tx() as conn:
+            known = self._series_rows(conn, by_series, lock=True)
+            missing = [k for k in by_series if k not in known]
+            if missing:
+                self._create_series(conn, {k: by_series[k][0].gpu for k in missing})
+                known.update(self._series_rows(conn, missing, lock=True))
+            rows: list[tuple[int, int, float, int | None]] = []
+            updates: list[tuple[Any, ...]] = []
+            for key, series in by_series.items():
+                sid, last_at, last_usd = known[key][0], known[key][8], known[key][9]
+                # Integer times first: they order naive (UTC) and aware datetimes alike.
+                stamps = [(p.at - EPOCH) // _US if p.at.tzinfo is not None else to_us(p.at) for p in series]
+                newest: PricePoint | None = None
+                for i in sorted(range(len(series)), key=stamps.__getitem__):  # stable; linear when in order
+                    p, at_us = series[i], stamps[i]
+                    if last_at is not None and at_us <= last_at:
+                        continue
+                    if p.usd_per_hour == last_usd:
+                        continue
+                    rows.append((sid, at_us, p.usd_per_hour, p.count))
+                    last_at, last_usd, newest = at_us, p.usd_per_hour, p
+                if newest is not None:
+                    updates.append((newest.gpu, last_at, last_usd, newest.count, sid))
+                if len(rows) >= PRICE_BATCH:
+                    inserted += self._insert_points(conn, rows)
+                    rows = []
+            if rows:
+                inserted += self._insert_points(conn, rows)
+            if updates:
+                param = "?" if self.is_sqlite else "%s"
+                conn.exec_driver_sql(_SERIES_UPDATE.format(p=param), updates)
+        return inserted
+
+    def _series_rows(
+        self, conn: Connection, keys: Iterable[tuple[str, ...]], lock: bool = False
+    ) -> dict[tuple[str, ...], Any]:
+        """The price_series rows (``_LATEST_COLS``) of the given series keys.
+
+        One query per (provider, market, stat) with the batch's SKUs, filtered to the exact
+        series here: a 6-column tuple IN over thousands of series compiles slower than
+        reading a few extra rows.
+        """
+        wanted = set(keys)
+        groups: dict[tuple[str, str, str], set[str]] = {}
+        for provider, market, sku, _region, _zone, stat in wanted:
+            groups.setdefault((provider, market, stat), set()).add(sku)
+        out: dict[tuple[str, ...], Any] = {}
+        for (provider, market, stat), skus in groups.items():
+            sku_list = sorted(skus)
+            for i in range(0, len(sku_list), 500):
+                q = sa.select(*_LATEST_COLS).where(
+                    SERIES.c.provider == provider,
+                    SERIES.c.market == market,
+                    SERIES.c.stat == stat,
+                    SERIES.c.sku.in_(sku_list[i : i + 500]),
+                )
+                if lock and not self.is_sqlite:  # SQLite: the write transaction is already exclusive
+                    q = q.with_for_update()
+                for row in conn.execute(q).all():
+                    key = tuple(row[1:7])
+                    if key in wanted:
+                        out[key] = row
+        return out
+
+    def _create_series(self, conn: Connection, gpus: dict[tuple[str, ...], str]) -> None:
+        """Insert series rows; one a concurrent writer created first is left as it is."""
+        stmt = self._insert_fn()(SERIES).on_conflict_do_nothing(index_elements=list(SERIES_KEYS))
+        conn.execute(stmt, [{**dict(zip(SERIES_KEYS, k, strict=True)), "gpu": gpu} for k, gpu in gpus.items()])
+
+    def _insert_points(self, conn: Connection, rows: list[tuple[int, int, float, int | None]]) -> int:
+        """Bulk insert, the fastest way each driver offers: SQLite's executemany, PostgreSQL's COPY."""
+        if self.is_sqlite:
+            conn.exec_driver_sql(_SQLITE_POINT_INSERT, rows)
+        else:
+            driver = conn.connection.driver_connection
+            with driver.cursor() as cur, cur.copy(_PG_POINT_COPY) as copy:  # type: ignore[union-attr]
+                for r in rows:
+                    copy.write_row(r)
+        return len(rows)
+
+    # ------------------------------------------------------------------ newest points
+
+    @staticmethod
+    def _latest_point(row: Any) -> PricePoint:
+        _id, provider, market, sku, region, zone, stat, gpu, last_at, last_usd, last_count = row
+        return PricePoint(
+            provider=provider,
+            market=_MARKETS[market],
+            sku=sku,
+            gpu=gpu,
+            region=region,
+            zone=zone,
+            stat=stat,
+            usd_per_hour=last_usd,
+            count=last_count,
+            at=from_us(last_at),
+        )
+
+    def latest_price_point(
+        self, provider: str, market: Market | str, sku: str, region: str, zone: str, stat: str = "price"
+    ) -> PricePoint | None:
+        """The newest stored point of one series (kept even after its history is pruned)."""
+        key = (provider, Market(market).value, sku, region, zone, stat)
+        return self.latest_price_points([key]).get(key)
+
+    def latest_price_points(self, keys: Iterable[tuple[str, ...]]) -> dict[tuple[str, ...], PricePoint]:
+        """The newest stored point of each series (provider, market, sku, region, zone, stat), in one
+        read; series with no point are absent."""
+        wanted = [(p, Market(m).value, sku, r, z, st) for p, m, sku, r, z, st in keys]
+        with self._tx(write=False) as conn:
+            rows = self._series_rows(conn, wanted)
+        return {key: self._latest_point(row) for key, row in rows.items() if row.last_at is not None}
+
+    def last_seen(self, provider: str, region: str | None = None) -> datetime | None:
+        """Time of the newest stored point of a provider (and region), for incremental polling."""
+        q = sa.select(sa.func.max(SERIES.c.last_at)).where(SERIES.c.provider == provider)
+        if region is not None:
+            q = q.where(SERIES.c.region == region)
+        with self._tx(write=False) as conn:
+            value = conn.execute(q).scalar()
+        return None if value is None else from_us(int(value))
+
+    # ------------------------------------------------------------------ reading history
+
+    def _matching_series(
+        self,
+        conn: Connection,
+        gpu: str | None,
+        filters: dict[str, str | None],
+    ) -> tuple[dict[int, Any], bool]:
+        """Series rows by id matching the filters, and whether any filter was given."""
+        q = sa.select(*_SERIES_COLS)
+        if gpu:
+            q = q.where(SERIES.c.gpu.in_(gpu_names(gpu)))
+        given = bool(gpu)
+        for col, value in filters.items():
+            if value is not None:
+                q = q.where(SERIES.c[col] == value)
+                given = True
+        return {row[0]: row for row in conn.execute(q).all()}, given
+
+    def _points(
+        self,
+        conn: Connection,
+        ids: list[int] | None,
+        since: datetime | None,
+        until: datetime | None,
+        order: tuple[Any, ...],
+        limit: int | None = None,
+    ) -> list[Any]:
+        """(series_id, at_us, usd_per_hour, count) rows of the given series (None: all) in a window."""
+        q = sa.select(POINTS.c.series_id, POINTS.c.at_us, POINTS.c.usd_per_hour, POINTS.c.count)
+        if ids is not None:
+            q = q.where(POINTS.c.series_id.in_(ids))
+        if since is not None:
+            q = q.where(POINTS.c.at_us >= to_us(since))
+        if until is not None:
+            q = q.where(POINTS.c.at_us < to_us(until))
+        q = q.order_by(*order)
+        if limit is not None:
+            q = q.limit(limit)
+        return conn.execute(q).all()  # fetchall: row-by-row fetchone cost more than the query
+
+    def _read(
+        self,
+        gpu: str | None,
+        filters: dict[str, str | None],
+        since: datetime | None,
+        until: datetime | None,
+        order: tuple[Any, ...],
+        limit: int | None = None,
+    ) -> tuple[dict[int, Any], list[Any]]:
+        """Matching series and their points, in one read transaction.
+
+        The points query names the matching series' ids, so each series is a range scan of
+        the primary key; past ``_MAX_IDS`` series it scans the points instead (and, with a
+        filter, keeps the matching series' rows here).
+        """
+        with self._tx(write=False) as conn:
+            series, given = self._matching_series(conn, gpu, filters)
+            if not series:
+                return series, []
+            named = len(series) <= _MAX_IDS
+            sift = given and not named  # too many series to name, and not all of them: keep matches here
+            rows = self._points(conn, sorted(series) if named else None, since, until, order, None if sift else limit)
+        if sift:
+            rows = [r for r in rows if r[0] in series][:limit]
+        return series, rows
+
+    @staticmethod
+    def _filters(
+        sku: str | None,
+        provider: str | None,
+        market: Market | str | None,
+        zone: str | None,
+        region: str | None,
+        stat: str | None,
+    ) -> dict[str, str | None]:
+        return {
+            "sku": sku,
+            "provider": provider,
+            "market": Market(market).value if market is not None else None,
+            "zone": zone,
+            "region": region,
+            "stat": stat,
+        }
+
+    def price_history(
+        self,
+        gpu: str | None = None,
+        sku: str | None = None,
+        provider: str | None = None,
+        market: Market | str | None = None,
+        zone: str | None = None,
+        region: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        stat: str | None = None,
+        limit: int | None = None,
+    ) -> list[PricePoint]:
+        """Stored points matching the filters, oldest first (ties by series); ``limit`` keeps the
+        newest ``limit``. ``gpu`` matches a canonical model, a family ("H100") or a prefix."""
+        filters = self._filters(sku, provider, market, zone, region, stat)
+        if limit is None:
+            order: tuple[Any, ...] = (POINTS.c.at_us, POINTS.c.series_id)
+        else:
+            order = (POINTS.c.at_us.desc(), POINTS.c.series_id.desc())
+        series, rows = self._read(gpu, filters, since, until, order, limit)
+        out = []
+        for sid, at_us, usd, count in rows:
+            _id, provider_, market_, sku_, region_, zone_, stat_, gpu_ = series[sid]
+            out.append(
+                PricePoint(
+                    provider=provider_,
+                    market=_MARKETS[market_],
+                    sku=sku_,
+                    gpu=gpu_,
+                    region=region_,
+                    zone=zone_,
+                    stat=stat_,
+                    usd_per_hour=usd,
+                    count=count,
+                    at=EPOCH + timedelta(microseconds=at_us),
+                )
+            )
+        if limit is not None:
+            out.reverse()
+        return out
+
+    def price_series(
+        self,
+        gpu: str | None = None,
+        sku: str | None = None,
+        provider: str | None = None,
+        market: Market | str | None = None,
+        zone: str | None = None,
+        region: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        stat: str | None = None,
+    ) -> list[PriceSeries]:
+        """The same points as :meth:`price_history`, one :class:`PriceSeries` (columns) per series
+        with points in the window, in series-key order. The read path for charts and the API."""
+        filters = self._filters(sku, provider, market, zone, region, stat)
+        series, rows = self._read(gpu, filters, since, until, (POINTS.c.series_id, POINTS.c.at_us))
+        out: list[PriceSeries] = []
+        for sid, group in _runs(rows):
+            _id, provider_, market_, sku_, region_, zone_, stat_, gpu_ = series[sid]
+            out.append(
+                PriceSeries(
+                    provider=provider_,
+                    market=_MARKETS[market_],
+                    sku=sku_,
+                    gpu=gpu_,
+                    region=region_,
+                    zone=zone_,
+                    stat=stat_,
+                    at=[EPOCH + timedelta(microseconds=r[1]) for r in group],
+                    usd_per_hour=[r[2] for r in group],
+                    count=[r[3] for r in group],
+                )
+            )
+        out.sort(key=lambda s: (s.provider, s.market.value, s.sku, s.region, s.zone, s.stat))
+        return out
+
+    # ------------------------------------------------------------------ retention
+
+    def compact_prices(self, older_than: datetime, bucket_seconds: int = 3600) -> int:
+        """Keep the last point per series per time bucket before ``older_than``; returns rows deleted."""
+        if bucket_seconds <= 0:
+            raise StoreError("bucket_seconds must be positive")
+        width = bucket_seconds * 1_000_000
+        q = (
+            sa.select(POINTS.c.series_id, POINTS.c.at_us)
+            .where(POINTS.c.at_us < to_us(older_than))
+            .order_by(POINTS.c.series_id, POINTS.c.at_us)
+        )
+        doomed: list[tuple[int, int]] = []
+        with self._tx() as conn:
+            prev: tuple[int, int] | None = None
+            prev_row: tuple[int, int] | None = None
+            for sid, at_us in conn.execute(q):
+                bucket = (sid, at_us // width)
+                if bucket == prev and prev_row is not None:
+                    doomed.append(prev_row)  # a later point in the same bucket replaces it
+                prev, prev_row = bucket, (sid, at_us)
+            if doomed:
+                param = "?" if self.is_sqlite else "%s"
+                conn.exec_driver_sql(f"DELETE FROM price_points WHERE series_id = {param} AND at_us = {param}", doomed)
+        return len(doomed)
+
+    def prune_prices(self, older_than: datetime) -> int:
+        """Delete every point before ``older_than`` (series and their newest points stay); returns rows deleted."""
+        with self._tx() as conn:
+            return conn.execute(POINTS.delete().where(POINTS.c.at_us < to_us(older_than))).rowcount or 0
+
+
+def _runs(rows: list[Any]) -> Iterator[tuple[int, list[Any]]]:
+    """Consecutive rows with the same series id (rows come ordered by series)."""
+    start = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i][0] != rows[start][0]:
+            yield rows[start][0], rows[start:i]
+            start = i

@@ -12,7 +12,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from broker.config import Settings
@@ -28,6 +28,7 @@ from broker.models import (
     Market,
     Offer,
     PricePoint,
+    PriceSeries,
     Quote,
     utcnow,
 )
@@ -268,9 +269,18 @@ class Lockstep:
     async def price_history(self, *, gpu: str | None = None, sku: str | None = None, provider: str | None = None,
                             market: Market | None = None, zone: str | None = None, region: str | None = None,
                             since: datetime | None = None, until: datetime | None = None,
-                            limit: int | None = None) -> list[PricePoint]:
+                            stat: str | None = None, limit: int | None = None) -> list[PricePoint]:
         return await self.db(self.store.price_history, gpu=gpu, sku=sku, provider=provider, market=market,
-                             zone=zone, region=region, since=since, until=until, limit=limit)
+                             zone=zone, region=region, since=since, until=until, stat=stat, limit=limit)
+
+    async def price_series(self, *, gpu: str | None = None, sku: str | None = None, provider: str | None = None,
+                           market: Market | None = None, zone: str | None = None, region: str | None = None,
+                           stat: str | None = None, since: datetime | None = None,
+                           until: datetime | None = None) -> list[PriceSeries]:
+        """Stored history per series, in columns; ``since`` defaults to seven days back."""
+        since = since if since is not None else self.clock() - timedelta(days=7)
+        return await self.db(self.store.price_series, gpu=gpu, sku=sku, provider=provider, market=market,
+                             zone=zone, region=region, stat=stat, since=since, until=until)
 
     # ------------------------------------------------------------------ API additions (issue 7)
     async def submit_job(self, spec: JobSpec, *, tenant: str = "default",

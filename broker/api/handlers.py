@@ -22,6 +22,7 @@ from broker.api.params import (
     OfferParams,
     PriceParams,
     QuoteParams,
+    SeriesParams,
     TokensParams,
     parse_body,
     parse_query,
@@ -41,7 +42,7 @@ from broker.api.schemas import (
     TokenCreated,
 )
 from broker.errors import ConflictError, SpecError
-from broker.models import Job, JobSpec, Offer, PricePoint, Quote, Role, Tenant, TokenInfo
+from broker.models import Job, JobSpec, Offer, PricePoint, PriceSeries, Quote, Role, Tenant, TokenInfo
 from broker.specs import parse_spec
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,12 @@ async def price_history(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
     params = parse_query(request, PriceParams)
     return render(await svc.price_history(**params.model_dump()))
+
+
+async def price_series(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    params = parse_query(request, SeriesParams)
+    return render(await svc.price_series(**params.model_dump()))
 
 
 async def providers(request: web.Request) -> web.Response:
@@ -311,6 +318,9 @@ ROUTES: tuple[Route, ...] = (
           {200: Job}, errors=(409, 502)),
     Route("GET", "/v1/prices/history", price_history, "Recorded prices, oldest first", "prices",
           {200: list[PricePoint]}, query=PriceParams),
+    Route("GET", "/v1/prices/series", price_series,
+          "Recorded prices per series in columns (7 days back unless since): what charts read", "prices",
+          {200: list[PriceSeries]}, query=SeriesParams),
     Route("GET", "/v1/providers", providers, "Provider health and staleness of their offers", "providers",
           {200: ProvidersReport}),
     Route("POST", "/v1/nodes/{provider}/{node}/drain", drain_node, "Take a node out of service (admin)",

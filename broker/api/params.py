@@ -65,7 +65,9 @@ class TokensParams(BaseModel):
     tenant: str | None = Field(default=None, max_length=64)
 
 
-class PriceParams(BaseModel):
+class SeriesParams(BaseModel):
+    """GET /v1/prices/series: the history filters over a window (7 days back unless ``since``)."""
+
     model_config = ConfigDict(extra="forbid")
 
     gpu: str | None = Field(default=None, max_length=64)
@@ -74,8 +76,14 @@ class PriceParams(BaseModel):
     market: Market | None = None
     zone: str | None = Field(default=None, max_length=64)
     region: str | None = Field(default=None, max_length=64)
+    stat: str | None = Field(default=None, max_length=16)
     since: IsoDateTime | None = None
     until: IsoDateTime | None = None
+
+
+class PriceParams(SeriesParams):
+    """GET /v1/prices/history: the same filters, and at most ``limit`` points (the newest)."""
+
     limit: int = Field(default=1000, ge=1, le=100_000)
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 
 import pytest
 
+from broker.models import Market, PricePoint, utcnow
+from broker.store import open_store
 from tests.api.conftest import Api, spec
 
 
@@ -167,3 +170,29 @@ def test_health_readiness_and_metrics(api: Api) -> None:
     assert 'lockstep_provider_refreshes_total{outcome="ok",provider="catalog"}' in text
     pending = next(line for line in text.splitlines() if line.startswith('lockstep_jobs{state="pending"}'))
     assert float(pending.split()[-1]) >= 1
+
+
+def test_price_history_and_series_serve_the_stored_points(api: Api) -> None:
+    now = utcnow().replace(microsecond=0)
+    points = [
+        PricePoint(provider="aws", market=Market.spot, sku="p5.48xlarge", gpu="H100-SXM", region="us-east-1",
+                   zone=zone, usd_per_hour=price, at=now - timedelta(hours=hours_ago))
+        for zone, price, hours_ago in (("us-east-1a", 30.0, 30), ("us-east-1a", 33.5, 2), ("us-east-1b", 29.0, 1),
+                                       ("us-east-1a", 20.0, 24 * 9))  # the last one is older than a week
+    ]
+    with open_store(api.db_url) as store:
+        store.add_price_points(points)
+    with api.client(api.bob) as bob:
+        flat = bob.get("/v1/prices/history", params={"gpu": "H100-SXM", "zone": "us-east-1a"}).json()
+        assert [p["usd_per_hour"] for p in flat] == [20.0, 30.0, 33.5]
+        series = bob.get("/v1/prices/series", params={"gpu": "H100", "market": "spot"}).json()
+        assert [(s["zone"], s["usd_per_hour"]) for s in series] == [("us-east-1a", [30.0, 33.5]),
+                                                                     ("us-east-1b", [29.0])]
+        assert datetime.fromisoformat(series[1]["at"][0]) == now - timedelta(hours=1)
+        assert series[0]["sku"] == "p5.48xlarge" and series[0]["count"] == [None, None]
+        ten_days = (now - timedelta(days=10)).isoformat()
+        older = bob.get("/v1/prices/series", params={"gpu": "H100-SXM", "since": ten_days})
+        assert older.json()[0]["usd_per_hour"] == [20.0, 30.0, 33.5]
+        assert bob.get("/v1/prices/series", params={"gpu": "B200"}).json() == []
+        bad = bob.get("/v1/prices/series", params={"until": "soon"})
+        assert bad.status_code == 400 and bad.json()["error"]["field"] == "until"

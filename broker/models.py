@@ -537,6 +537,11 @@ class PriceSeries(BaseModel):
     usd_per_hour: list[float] = Field(default_factory=list)
     count: list[int | None] = Field(default_factory=list)
 
+    @property
+    def key(self) -> tuple[str, str, str, str, str, str]:
+        """(provider, market, sku, region, zone, stat): what identifies a series in the store."""
+        return (self.provider, self.market.value, self.sku, self.region, self.zone, self.stat)
+
     def points(self) -> list[PricePoint]:
         """The same points as :class:`PricePoint` rows."""
         return [

@@ -376,7 +376,7 @@ class PriceStore:
                     count=[r[3] for r in group],
                 )
             )
-        out.sort(key=lambda s: (s.provider, s.market.value, s.sku, s.region, s.zone, s.stat))
+        out.sort(key=lambda s: s.key)
         return out
 
     # ------------------------------------------------------------------ retention

@@ -640,9 +640,19 @@ class Store(PriceStore):
             )
             return int(res.inserted_primary_key[0])
 
-    def close_alert(self, alert_id: int, end: datetime) -> None:
+    def update_alert(self, alert_id: int, *, peak: float | None = None, end: datetime | None = None) -> None:
+        """Raise an alert's peak (never lowers it) and/or close it at ``end``."""
+        values: dict[str, Any] = {}
+        if peak is not None:
+            values["peak"] = sa.case((ALERTS.c.peak < peak, peak), else_=ALERTS.c.peak)
+        if end is not None:
+            values["end"] = end
+        q = ALERTS.update().where(ALERTS.c.id == alert_id)
         with self._tx() as conn:
-            n = conn.execute(ALERTS.update().where(ALERTS.c.id == alert_id).values(end=end)).rowcount
+            if values:
+                n = conn.execute(q.values(**values)).rowcount
+            else:
+                n = len(conn.execute(sa.select(ALERTS.c.id).where(ALERTS.c.id == alert_id)).all())
         if not n:
             raise NotFoundError(f"alert {alert_id} not found")
 

@@ -363,10 +363,12 @@ class Tracker:
             series = series_dict(key, gpus.get(key, ""))
             for spike in det.finish():
                 if open_alert is not None and spike.start == as_utc(open_alert["start"]):
+                    alert_id = int(open_alert["id"])
+                    if spike.end is not None or spike.peak > float(open_alert["peak"]):  # closed, or climbed
+                        await asyncio.to_thread(self.store.update_alert, alert_id, peak=spike.peak, end=spike.end)
                     if spike.end is not None:
-                        await asyncio.to_thread(self.store.close_alert, int(open_alert["id"]), spike.end)
                         report.spikes_closed += 1
-                        events.append(self._event("spike_closed", series, spike, int(open_alert["id"])))
+                        events.append(self._event("spike_closed", series, spike, alert_id))
                     continue
                 alert_id = await asyncio.to_thread(
                     self.store.add_alert, series, spike.start, spike.peak, spike.baseline
@@ -374,7 +376,7 @@ class Tracker:
                 report.spikes_opened += 1
                 events.append(self._event("spike_opened", series, spike, alert_id))
                 if spike.end is not None:
-                    await asyncio.to_thread(self.store.close_alert, alert_id, spike.end)
+                    await asyncio.to_thread(self.store.update_alert, alert_id, end=spike.end)
                     report.spikes_closed += 1
                     events.append(self._event("spike_closed", series, spike, alert_id))
         for ev in events:

@@ -19,7 +19,7 @@ from rich.table import Table
 from broker.cli import render
 from broker.cli.app import get_ctx
 from broker.errors import SpecError
-from broker.models import PricePoint, as_utc, parse_duration, utcnow
+from broker.models import PriceSeries, as_utc, parse_duration, utcnow
 from broker.price_replay import load_records, replay
 from policies.spikes import Spike, detect_spikes
 
@@ -55,21 +55,6 @@ def _open_store(ctx: typer.Context) -> Any:
     return open_store(get_ctx(ctx).settings.db_url)
 
 
-def group_series(points: list[PricePoint]) -> dict[SeriesId, list[PricePoint]]:
-    out: dict[SeriesId, list[PricePoint]] = {}
-    for p in points:
-        key = (
-            p.provider,
-            str(p.market.value if hasattr(p.market, "value") else p.market),
-            p.sku,
-            p.region,
-            p.zone,
-            p.stat,
-        )
-        out.setdefault(key, []).append(p)
-    return out
-
-
 def series_label(key: SeriesId) -> str:
     provider, market, sku, region, zone, stat = key
     where = zone or region
@@ -80,34 +65,29 @@ def series_label(key: SeriesId) -> str:
     )
 
 
-def _spikes_of(
-    key: SeriesId, pts: list[PricePoint], multiple: float, clear: float, window: int
-) -> list[Spike]:
-    if key[5] not in SPIKE_STATS:
+def _spikes_of(s: PriceSeries, multiple: float, clear: float, window: int) -> list[Spike]:
+    if s.stat not in SPIKE_STATS:
         return []
-    return detect_spikes([(as_utc(p.at), p.usd_per_hour) for p in pts], multiple, clear, window)
+    return detect_spikes(list(zip(s.at, s.usd_per_hour, strict=True)), multiple, clear, window)
 
 
-def _steps(pts: list[PricePoint], until: datetime) -> tuple[list[datetime], list[float]]:
+def _steps(s: PriceSeries, until: datetime) -> tuple[list[datetime], list[float]]:
     """Change-only points as a step line: each price holds until the next point (the last until ``until``)."""
     xs: list[datetime] = []
     ys: list[float] = []
-    for i, p in enumerate(pts):
-        at = as_utc(p.at)
-        nxt = as_utc(pts[i + 1].at) if i + 1 < len(pts) else max(until, at)
+    for i, (at, price) in enumerate(zip(s.at, s.usd_per_hour, strict=True)):
+        nxt = s.at[i + 1] if i + 1 < len(s.at) else max(until, at)
         xs += [at, nxt]
-        ys += [p.usd_per_hour, p.usd_per_hour]
+        ys += [price, price]
     return xs, ys
 
 
-def _chart_keys(groups: dict[SeriesId, list[PricePoint]]) -> list[SeriesId]:
+def _chart_series(series: list[PriceSeries]) -> list[PriceSeries]:
     # The cheapest series first: what a person shopping for the GPU looks at.
-    return sorted(groups, key=lambda k: (groups[k][-1].usd_per_hour, series_label(k)))[:CHART_SERIES]
+    return sorted(series, key=lambda s: (s.usd_per_hour[-1], series_label(s.key)))[:CHART_SERIES]
 
 
-def terminal_chart(
-    groups: dict[SeriesId, list[PricePoint]], now: datetime, width: int, color: bool = False
-) -> str:
+def terminal_chart(series: list[PriceSeries], now: datetime, width: int, color: bool = False) -> str:
     import plotext as plt
 
     fig = plt.figure
@@ -115,11 +95,11 @@ def terminal_chart(
     plt.terminal.limit(False, False)
     fig.plot_size(max(60, min(width, 160)), 20)
     fig.date("x").activate(form="%m-%d %H:%M")
-    for key in _chart_keys(groups):
-        xs, ys = _steps(groups[key], now)
+    for one in _chart_series(series):
+        xs, ys = _steps(one, now)
         s = fig.signal([x.replace(tzinfo=None) for x in xs], ys)
         s.lines()
-        s.label(series_label(key))
+        s.label(series_label(one.key))
         fig.draw(s)
     fig.title("USD per hour (UTC)")
     return str(fig.build().string(colorless=not color))
@@ -127,7 +107,7 @@ def terminal_chart(
 
 def write_png(
     path: str,
-    groups: dict[SeriesId, list[PricePoint]],
+    series: list[PriceSeries],
     spikes: dict[SeriesId, list[Spike]],
     now: datetime,
     title: str,
@@ -142,12 +122,11 @@ def write_png(
     top = 0.0
     marked = False
     try:
-        for key in _chart_keys(groups):
-            pts = groups[key]
-            xs, ys = _steps(pts, now)
-            (line,) = ax.plot(xs, ys, linewidth=1.6, label=series_label(key))
+        for one in _chart_series(series):
+            xs, ys = _steps(one, now)
+            (line,) = ax.plot(xs, ys, linewidth=1.6, label=series_label(one.key))
             top = max(top, *ys)
-            for sp in spikes.get(key, []):
+            for sp in spikes.get(one.key, []):
                 ax.axvspan(
                     sp.start,
                     sp.end or now,
@@ -173,7 +152,7 @@ def write_png(
         ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(mdates.AutoDateLocator()))
         ax.grid(True, alpha=0.3)
         ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)  # room above the peak for its label
-        if groups:
+        if series:
             ax.legend(loc="upper left", fontsize=8, framealpha=0.85)
         fig.tight_layout()
         fig.savefig(path)
@@ -201,22 +180,19 @@ def history(
     settings = get_ctx(ctx).settings
     store = _open_store(ctx)
     try:
-        points = store.price_history(gpu=gpu, provider=provider, zone=zone, since=start, stat=stat)
+        series = store.price_series(gpu=gpu, provider=provider, zone=zone, since=start, stat=stat)
     finally:
         store.close()
     if stat is None:
-        points = [p for p in points if p.stat in SPIKE_STATS]
-    groups = group_series(points)
+        series = [s for s in series if s.stat in SPIKE_STATS]
     t = settings.tracker
-    spikes = {
-        k: _spikes_of(k, pts, t.spike_multiple, t.clear_multiple, t.window) for k, pts in groups.items()
-    }
+    spikes = {s.key: _spikes_of(s, t.spike_multiple, t.clear_multiple, t.window) for s in series}
     if png:
-        write_png(png, groups, spikes, now, f"{gpu or 'all GPUs'}: price since {start:%Y-%m-%d %H:%M} UTC")
+        write_png(png, series, spikes, now, f"{gpu or 'all GPUs'}: price since {start:%Y-%m-%d %H:%M} UTC")
     if json_out:
-        render.print_json(points)
+        render.print_json(sorted((p for s in series for p in s.points()), key=lambda p: p.at))
         return
-    if not groups:
+    if not series:
         render.console.print(
             f"no price points since {start:%Y-%m-%d %H:%M} UTC"
             + (f" for {gpu}" if gpu else "")
@@ -225,54 +201,33 @@ def history(
         return
     try:
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")  # lines told apart by colour
-        print(terminal_chart(groups, now, render.console.width or 100, color=color), flush=True)
+        print(terminal_chart(series, now, render.console.width or 100, color=color), flush=True)
     except Exception as exc:  # a chart is a nicety: the table below still answers
         logging.getLogger(__name__).debug("terminal chart failed: %s", exc)
     table = Table(title=f"Prices since {start:%Y-%m-%d %H:%M} UTC")
     for col in ("series", "gpu", "points", "first", "last", "min", "max", "spikes"):
         table.add_column(col, justify="right" if col not in ("series", "gpu") else "left")
-    for key in sorted(groups, key=series_label):
-        pts = groups[key]
-        prices = [p.usd_per_hour for p in pts]
+    for one in sorted(series, key=lambda s: series_label(s.key)):
+        prices = one.usd_per_hour
         table.add_row(
-            series_label(key),
-            pts[-1].gpu,
-            str(len(pts)),
+            series_label(one.key),
+            one.gpu,
+            str(len(prices)),
             f"{prices[0]:.4f}",
             f"{prices[-1]:.4f}",
             f"{min(prices):.4f}",
             f"{max(prices):.4f}",
-            str(len(spikes[key])) if spikes[key] else "",
+            str(len(spikes[one.key])) if spikes[one.key] else "",
         )
     render.console.print(table)
     if png:
         render.console.print(f"chart written to {png}")
 
 
-def _observed_peak(store: Any, a: dict[str, Any]) -> float:
-    """The highest stored price during the alert: an alert records the peak of the run that opened it,
-    and the spike may have climbed in later runs."""
-    s = a.get("series") or {}
-    try:
-        pts = store.price_history(
-            provider=s.get("provider"),
-            market=s.get("market") or None,
-            sku=s.get("sku"),
-            region=s.get("region"),
-            zone=s.get("zone"),
-            stat=s.get("stat"),
-            since=as_utc(a["start"]),
-            until=as_utc(a["end"]) if a.get("end") else None,
-        )
-    except (ValueError, KeyError):  # an alert from an older layout: keep what it says
-        return float(a["peak"])
-    return max([float(a["peak"]), *(p.usd_per_hour for p in pts)])
-
-
-def _alert_row(store: Any, a: dict[str, Any]) -> dict[str, Any]:
+def _alert_row(a: dict[str, Any]) -> dict[str, Any]:
     s = a.get("series") or {}
     base = float(a["baseline"])
-    peak = _observed_peak(store, a)
+    peak = float(a["peak"])  # the tracker raises it while the spike climbs
     return {
         "id": a["id"],
         "series": s,
@@ -297,7 +252,7 @@ def alerts(
     start = parse_since(since, utcnow()) if since else None
     store = _open_store(ctx)
     try:
-        rows = [_alert_row(store, a) for a in store.alerts(open_only=open_only, since=start)]
+        rows = [_alert_row(a) for a in store.alerts(open_only=open_only, since=start)]
     finally:
         store.close()
     if json_out:

@@ -18,13 +18,16 @@ def test_alerts_open_and_close(store: Store) -> None:
     a = store.add_alert(series, T0, peak=80.0, baseline=40.0)
     b = store.add_alert({**series, "zone": "us-east-1b"}, T0 + timedelta(hours=1), peak=90.0, baseline=41.0)
     assert [x["id"] for x in store.alerts(open_only=True)] == [b, a]
-    store.close_alert(a, T0 + timedelta(hours=2))
+    store.update_alert(a, peak=85.0)  # the spike climbed
+    store.update_alert(a, peak=82.0, end=T0 + timedelta(hours=2))  # ... and eased off before it cleared
     assert [x["id"] for x in store.alerts(open_only=True)] == [b]
     closed = next(x for x in store.alerts() if x["id"] == a)
-    assert closed["series"] == series and closed["end"] == T0 + timedelta(hours=2) and closed["peak"] == 80.0
+    assert closed["series"] == series and closed["end"] == T0 + timedelta(hours=2) and closed["peak"] == 85.0
     assert [x["id"] for x in store.alerts(since=T0 + timedelta(hours=3))] == [b]  # a ended before
     with pytest.raises(NotFoundError):
-        store.close_alert(9999, T0)
+        store.update_alert(9999, end=T0)
+    with pytest.raises(NotFoundError):
+        store.update_alert(9999)
 
 
 def test_benchmarks_latest_per_target(store: Store) -> None:

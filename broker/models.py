@@ -505,58 +505,49 @@ class AllocationStatus(BaseModel):
 # --------------------------------------------------------------------------- prices, benchmarks
 
 
-class PricePoint(BaseModel):
+SeriesKey = tuple[str, str, str, str, str, str]  # (provider, market, sku, region, zone, stat)
+
+
+class PriceSeriesKey(BaseModel):
+    """What a price series is: ``key`` identifies it in the store; ``gpu`` describes its SKU."""
+
     provider: str
     market: Market
     sku: str
     gpu: str = ""
     region: str = ""
     zone: str = ""
-    usd_per_hour: float
-    at: datetime
     # For summaries of a marketplace (many offers of one GPU model): the spread.
     stat: str = "price"  # price | min | p10 | median | utilisation
-    count: int | None = None
+
+    @property
+    def key(self) -> SeriesKey:
+        """(provider, market, sku, region, zone, stat)."""
+        return (self.provider, self.market.value, self.sku, self.region, self.zone, self.stat)
 
 
-class PriceSeries(BaseModel):
+class PricePoint(PriceSeriesKey):
+    usd_per_hour: float
+    at: datetime
+    count: int | None = None  # offers behind a marketplace summary
+
+
+class PriceSeries(PriceSeriesKey):
     """One series' stored points in columns (``at[i]``, ``usd_per_hour[i]``, ``count[i]``), oldest first.
 
     What charts and the API read: a model per point costs more than the query that
     fetched it, and the series' fields would repeat in every point.
     """
 
-    provider: str
-    market: Market
-    sku: str
-    gpu: str = ""
-    region: str = ""
-    zone: str = ""
-    stat: str = "price"
     at: list[datetime] = Field(default_factory=list)
     usd_per_hour: list[float] = Field(default_factory=list)
     count: list[int | None] = Field(default_factory=list)
 
-    @property
-    def key(self) -> tuple[str, str, str, str, str, str]:
-        """(provider, market, sku, region, zone, stat): what identifies a series in the store."""
-        return (self.provider, self.market.value, self.sku, self.region, self.zone, self.stat)
-
     def points(self) -> list[PricePoint]:
         """The same points as :class:`PricePoint` rows."""
+        fields = self.model_dump(include=set(PriceSeriesKey.model_fields))
         return [
-            PricePoint(
-                provider=self.provider,
-                market=self.market,
-                sku=self.sku,
-                gpu=self.gpu,
-                region=self.region,
-                zone=self.zone,
-                stat=self.stat,
-                usd_per_hour=usd,
-                count=n,
-                at=at,
-            )
+            PricePoint(**fields, usd_per_hour=usd, count=n, at=at)
             for at, usd, n in zip(self.at, self.usd_per_hour, self.count, strict=True)
         ]
 

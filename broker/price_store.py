@@ -178,19 +178,7 @@ class PriceStore:
 
     @staticmethod
     def _latest_point(row: Any) -> PricePoint:
-        _id, provider, market, sku, region, zone, stat, gpu, last_at, last_usd, last_count = row
-        return PricePoint(
-            provider=provider,
-            market=_MARKETS[market],
-            sku=sku,
-            gpu=gpu,
-            region=region,
-            zone=zone,
-            stat=stat,
-            usd_per_hour=last_usd,
-            count=last_count,
-            at=from_us(last_at),
-        )
+        return PricePoint(**_key_fields(row), usd_per_hour=row.last_usd, count=row.last_count, at=from_us(row.last_at))
 
     def latest_price_point(
         self, provider: str, market: Market | str, sku: str, region: str, zone: str, stat: str = "price"
@@ -322,23 +310,11 @@ class PriceStore:
         else:
             order = (POINTS.c.at_us.desc(), POINTS.c.series_id.desc())
         series, rows = self._read(gpu, filters, since, until, order, limit)
-        out = []
-        for sid, at_us, usd, count in rows:
-            _id, provider_, market_, sku_, region_, zone_, stat_, gpu_ = series[sid]
-            out.append(
-                PricePoint(
-                    provider=provider_,
-                    market=_MARKETS[market_],
-                    sku=sku_,
-                    gpu=gpu_,
-                    region=region_,
-                    zone=zone_,
-                    stat=stat_,
-                    usd_per_hour=usd,
-                    count=count,
-                    at=EPOCH + timedelta(microseconds=at_us),
-                )
-            )
+        keys = {sid: _key_fields(row) for sid, row in series.items()}
+        out = [
+            PricePoint(**keys[sid], usd_per_hour=usd, count=count, at=EPOCH + timedelta(microseconds=at_us))
+            for sid, at_us, usd, count in rows
+        ]
         if limit is not None:
             out.reverse()
         return out
@@ -361,16 +337,9 @@ class PriceStore:
         series, rows = self._read(gpu, filters, since, until, (POINTS.c.series_id, POINTS.c.at_us))
         out: list[PriceSeries] = []
         for sid, group in _runs(rows):
-            _id, provider_, market_, sku_, region_, zone_, stat_, gpu_ = series[sid]
             out.append(
                 PriceSeries(
-                    provider=provider_,
-                    market=_MARKETS[market_],
-                    sku=sku_,
-                    gpu=gpu_,
-                    region=region_,
-                    zone=zone_,
-                    stat=stat_,
+                    **_key_fields(series[sid]),
                     at=[EPOCH + timedelta(microseconds=r[1]) for r in group],
                     usd_per_hour=[r[2] for r in group],
                     count=[r[3] for r in group],
@@ -409,6 +378,20 @@ class PriceStore:
         """Delete every point before ``older_than`` (series and their newest points stay); returns rows deleted."""
         with self._tx() as conn:
             return conn.execute(POINTS.delete().where(POINTS.c.at_us < to_us(older_than))).rowcount or 0
+
+
+def _key_fields(row: Any) -> dict[str, Any]:
+    """PriceSeriesKey fields of a price_series row (``_SERIES_COLS`` first)."""
+    _id, provider, market, sku, region, zone, stat, gpu = row[:8]
+    return {
+        "provider": provider,
+        "market": _MARKETS[market],
+        "sku": sku,
+        "gpu": gpu,
+        "region": region,
+        "zone": zone,
+        "stat": stat,
+    }
 
 
 def _runs(rows: list[Any]) -> Iterator[tuple[int, list[Any]]]:

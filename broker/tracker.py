@@ -37,7 +37,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from broker.config import AwsConfig, Settings
 from broker.errors import ProviderError, TransientError
-from broker.models import AllocationState, Market, PricePoint, as_utc, utcnow
+from broker.models import AllocationState, Market, PricePoint, SeriesKey, as_utc, utcnow
 from broker.price_store import SERIES_KEYS
 from broker.price_summaries import market_summaries, rate_points, utilisation_points
 from broker.store import Store
@@ -54,7 +54,6 @@ SPIKE_MARKETS = frozenset({Market.spot.value, Market.on_demand.value})  # owned/
 HOUSEKEEPING_EVERY = timedelta(hours=1)
 SERIES_FIELDS = SERIES_KEYS  # the store's definition of a price series
 
-SeriesKey = tuple[str, str, str, str, str, str]
 
 
 class SourceReport(BaseModel):
@@ -81,10 +80,6 @@ class TrackReport(BaseModel):
     @property
     def stored(self) -> int:
         return sum(s.stored for s in self.sources.values())
-
-
-def series_key(p: PricePoint) -> SeriesKey:
-    return (p.provider, Market(p.market).value, p.sku, p.region, p.zone, p.stat)
 
 
 def series_dict(key: SeriesKey, gpu: str = "") -> dict[str, str]:
@@ -193,7 +188,7 @@ class Tracker:
         collected = await self._collect(now, report)
         points = [p for pts in collected.values() for p in pts]
         horizon = now - timedelta(days=self.cfg.retention_days)
-        keys = sorted({series_key(p) for p in points})
+        keys = sorted({p.key for p in points})
         before = await asyncio.to_thread(self._latest, keys)
         for source, pts in collected.items():
             # Points older than the retention horizon would be pruned at once: never store them.
@@ -203,7 +198,7 @@ class Tracker:
                 src.stored = await asyncio.to_thread(self.store.add_price_points, keep)
             except Exception as exc:
                 self._error(report, source, f"store: {type(exc).__name__}")
-        gpus = {series_key(p): p.gpu for p in points}
+        gpus = {p.key: p.gpu for p in points}
         await self._detect(keys, before, gpus, now, report)
         await self._housekeep(now, report)
         self.runs += 1

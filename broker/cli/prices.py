@@ -19,7 +19,7 @@ from rich.table import Table
 from broker.cli import render
 from broker.cli.app import get_ctx
 from broker.errors import SpecError
-from broker.models import PriceSeries, as_utc, parse_duration, utcnow
+from broker.models import PriceSeries, SeriesKey, as_utc, parse_duration, utcnow
 from broker.price_replay import load_records, replay
 from policies.spikes import Spike, detect_spikes
 
@@ -27,9 +27,6 @@ app = typer.Typer(no_args_is_help=True, help="Spot price tracking: history, aler
 
 CHART_SERIES = 8  # lines in one chart; more becomes unreadable
 SPIKE_STATS = ("price", "median")
-
-SeriesId = tuple[str, str, str, str, str, str]
-
 
 def parse_since(text: str, now: datetime) -> datetime:
     """'7d', '36h', '90m' back from now, or an ISO date/time; SpecError('since', …) otherwise."""
@@ -55,7 +52,7 @@ def _open_store(ctx: typer.Context) -> Any:
     return open_store(get_ctx(ctx).settings.db_url)
 
 
-def series_label(key: SeriesId) -> str:
+def series_label(key: SeriesKey) -> str:
     provider, market, sku, region, zone, stat = key
     where = zone or region
     return (
@@ -108,7 +105,7 @@ def terminal_chart(series: list[PriceSeries], now: datetime, width: int, color: 
 def write_png(
     path: str,
     series: list[PriceSeries],
-    spikes: dict[SeriesId, list[Spike]],
+    spikes: dict[SeriesKey, list[Spike]],
     now: datetime,
     title: str,
 ) -> None:

@@ -96,7 +96,7 @@ class PriceStore:
         inserted = 0
         with self._tx() as conn:
             known = self._series_rows(conn, by_series, lock=True)
-            missing = [k for k in by_series if k not in known]
+            missing = sorted(k for k in by_series if k not in known)  # one order for every writer
             if missing:
                 self._create_series(conn, {k: by_series[k][0].gpu for k in missing})
                 known.update(self._series_rows(conn, missing, lock=True))
@@ -134,14 +134,15 @@ class PriceStore:
 
         One query per (provider, market, stat) with the batch's SKUs, filtered to the exact
         series here: a 6-column tuple IN over thousands of series compiles slower than
-        reading a few extra rows.
+        reading a few extra rows. With ``lock`` (PostgreSQL) rows are locked in key order,
+        groups in sorted order, so two writers never wait on each other in a cycle.
         """
         wanted = set(keys)
         groups: dict[tuple[str, str, str], set[str]] = {}
         for provider, market, sku, _region, _zone, stat in wanted:
             groups.setdefault((provider, market, stat), set()).add(sku)
         out: dict[tuple[str, ...], Any] = {}
-        for (provider, market, stat), skus in groups.items():
+        for (provider, market, stat), skus in sorted(groups.items()):
             sku_list = sorted(skus)
             for i in range(0, len(sku_list), 500):
                 q = sa.select(*_LATEST_COLS).where(
@@ -151,7 +152,7 @@ class PriceStore:
                     SERIES.c.sku.in_(sku_list[i : i + 500]),
                 )
                 if lock and not self.is_sqlite:  # SQLite: the write transaction is already exclusive
-                    q = q.with_for_update()
+                    q = q.order_by(SERIES.c.sku, SERIES.c.region, SERIES.c.zone).with_for_update()
                 for row in conn.execute(q).all():
                     key = tuple(row[1:7])
                     if key in wanted:

@@ -12,14 +12,17 @@ from broker.store import Store
 
 from .helpers import T0
 
+SERIES = [("spot", "us-east-1a"), ("spot", "us-east-1b"), ("on_demand", "us-east-1a"), ("on_demand", "us-east-1b")]
 
-def _points(start: int, n: int) -> list[PricePoint]:
-    """Minutes start..start+n of two series, the price changing every minute."""
+
+def _points(start: int, n: int, reverse: bool = False) -> list[PricePoint]:
+    """Minutes start..start+n of four series in two markets (so two lock groups), the price changing
+    every minute; ``reverse`` lists the series the other way round."""
     return [
-        PricePoint(provider="aws", market=Market.spot, sku="p5.48xlarge", gpu="H100-SXM", region="us-east-1",
+        PricePoint(provider="aws", market=Market(market), sku="p5.48xlarge", gpu="H100-SXM", region="us-east-1",
                    zone=zone, usd_per_hour=10.0 + (m % 7), at=T0 + timedelta(minutes=m))
+        for market, zone in (SERIES[::-1] if reverse else SERIES)
         for m in range(start, start + n)
-        for zone in ("us-east-1a", "us-east-1b")
     ]
 
 
@@ -28,7 +31,8 @@ def test_concurrent_writers_of_one_series_neither_fail_nor_duplicate(pg_database
     stores = [Store(url) for _ in range(2)]
     stores[0].migrate()
     # Overlapping batches: both writers see new series (created concurrently) and the same minutes.
-    batches = [[_points(0, 300), _points(200, 300)], [_points(100, 300), _points(250, 300)]]
+    # The second writer meets the series in the opposite order: lock order must not follow it.
+    batches = [[_points(0, 300), _points(200, 300)], [_points(100, 300, True), _points(250, 300, True)]]
     stored = [0, 0]
     errors: list[BaseException] = []
     barrier = threading.Barrier(2)
@@ -48,8 +52,8 @@ def test_concurrent_writers_of_one_series_neither_fail_nor_duplicate(pg_database
         for t in threads:
             t.join(60)
         assert errors == []
-        for zone in ("us-east-1a", "us-east-1b"):
-            hist = stores[0].price_history(zone=zone)
+        for market, zone in SERIES:
+            hist = stores[0].price_history(market=market, zone=zone)
             ats = [p.at for p in hist]
             assert ats == sorted(set(ats)), "a minute stored twice or out of order"
             prices = [p.usd_per_hour for p in hist]

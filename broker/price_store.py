@@ -74,6 +74,7 @@ class PriceStore:
     is_sqlite: bool
     _tx: Callable[..., AbstractContextManager[Connection]]
     _insert_fn: Callable[[], Any]
+    _serialise: Callable[[Connection, str], None]
 
     gpu_names = staticmethod(gpu_names)
 
@@ -82,9 +83,10 @@ class PriceStore:
     def add_price_points(self, points: list[PricePoint]) -> int:
         """Append price points (change-only, see the module doc); returns how many rows were stored.
 
-        One transaction: the batch's series are read (and locked on PostgreSQL, so two
-        writers of one series take turns), missing series created, new points inserted
-        in bulk and each touched series' newest point updated.
+        One transaction: the batch's series are read, missing series created, new points
+        inserted in bulk and each touched series' newest point updated. Writers take turns
+        (on PostgreSQL an advisory lock; SQLite's write transactions are exclusive): two
+        replicas ingesting at once would otherwise both store a point past the same newest one.
         """
         if not points:
             return 0
@@ -95,11 +97,15 @@ class PriceStore:
             by_series.setdefault(key, []).append(p)
         inserted = 0
         with self._tx() as conn:
-            known = self._series_rows(conn, by_series, lock=True)
-            missing = sorted(k for k in by_series if k not in known)  # one order for every writer
+            # One lock for all price writers rather than row locks per series: ingest comes from
+            # the one leader tracker, and row locks taken in two rounds (existing series, then
+            # those just created) deadlocked two writers in testing.
+            self._serialise(conn, "price-ingest")
+            known = self._series_rows(conn, by_series)
+            missing = [k for k in by_series if k not in known]
             if missing:
                 self._create_series(conn, {k: by_series[k][0].gpu for k in missing})
-                known.update(self._series_rows(conn, missing, lock=True))
+                known.update(self._series_rows(conn, missing))
             rows: list[tuple[int, int, float, int | None]] = []
             updates: list[tuple[Any, ...]] = []
             for key, series in by_series.items():
@@ -127,22 +133,19 @@ class PriceStore:
                 conn.exec_driver_sql(_SERIES_UPDATE.format(p=param), updates)
         return inserted
 
-    def _series_rows(
-        self, conn: Connection, keys: Iterable[tuple[str, ...]], lock: bool = False
-    ) -> dict[tuple[str, ...], Any]:
+    def _series_rows(self, conn: Connection, keys: Iterable[tuple[str, ...]]) -> dict[tuple[str, ...], Any]:
         """The price_series rows (``_LATEST_COLS``) of the given series keys.
 
         One query per (provider, market, stat) with the batch's SKUs, filtered to the exact
         series here: a 6-column tuple IN over thousands of series compiles slower than
-        reading a few extra rows. With ``lock`` (PostgreSQL) rows are locked in key order,
-        groups in sorted order, so two writers never wait on each other in a cycle.
+        reading a few extra rows.
         """
         wanted = set(keys)
         groups: dict[tuple[str, str, str], set[str]] = {}
         for provider, market, sku, _region, _zone, stat in wanted:
             groups.setdefault((provider, market, stat), set()).add(sku)
         out: dict[tuple[str, ...], Any] = {}
-        for (provider, market, stat), skus in sorted(groups.items()):
+        for (provider, market, stat), skus in groups.items():
             sku_list = sorted(skus)
             for i in range(0, len(sku_list), 500):
                 q = sa.select(*_LATEST_COLS).where(
@@ -151,8 +154,6 @@ class PriceStore:
                     SERIES.c.stat == stat,
                     SERIES.c.sku.in_(sku_list[i : i + 500]),
                 )
-                if lock and not self.is_sqlite:  # SQLite: the write transaction is already exclusive
-                    q = q.order_by(SERIES.c.sku, SERIES.c.region, SERIES.c.zone).with_for_update()
                 for row in conn.execute(q).all():
                     key = tuple(row[1:7])
                     if key in wanted:

@@ -204,11 +204,15 @@ class Store(PriceStore):
         cfg = Config()
         cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
         with self._tx() as conn:
-            if not self.is_sqlite:
-                # Two replicas starting together must not both run the migrations.
-                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_advisory_key("migrate"))))
+            self._serialise(conn, "migrate")  # two replicas starting together must not both migrate
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, revision)
+
+    def _serialise(self, conn: Connection, name: str) -> None:
+        """Make transactions that call this with ``name`` take turns (PostgreSQL: a transaction-level
+        advisory lock, freed at commit or rollback). SQLite's write transactions take turns anyway."""
+        if not self.is_sqlite:
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_advisory_key(name))))
 
     @contextmanager
     def leader_lock(self, name: str) -> Iterator[bool]:

@@ -31,7 +31,7 @@ def test_concurrent_writers_of_one_series_neither_fail_nor_duplicate(pg_database
     stores = [Store(url) for _ in range(2)]
     stores[0].migrate()
     # Overlapping batches: both writers see new series (created concurrently) and the same minutes.
-    # The second writer meets the series in the opposite order: lock order must not follow it.
+    # The second writer meets the series in the opposite order (row locks taken in batch order deadlocked).
     batches = [[_points(0, 300), _points(200, 300)], [_points(100, 300, True), _points(250, 300, True)]]
     stored = [0, 0]
     errors: list[BaseException] = []

@@ -163,8 +163,11 @@ async def reconcile(
         current = await db(store.get_allocation, rec.id)
         if current.state is not AllocationState.intent or current.resource_ids:
             continue
-        await db(store.update_allocation, rec.id, state=AllocationState.failed,
-                 reason="launch did not complete before a broker restart")
+        try:  # only if it is still an intent: a launch completing now must win
+            await db(store.update_allocation, rec.id, expected={AllocationState.intent},
+                     state=AllocationState.failed, reason="launch did not complete before a broker restart")
+        except ConflictError:
+            continue
         report.failed_intents.append(rec.id)
 
     # (c) jobs left mid-way.

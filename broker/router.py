@@ -44,6 +44,7 @@ from broker.models import (
     QuoteOption,
     utcnow,
 )
+from broker.store import LIVE_STATES
 from policies.book import DEFAULT_SPOT_PREEMPTIONS_PER_HOUR
 from policies.placement import Decision, candidates, decide
 from policies.ranking import quote as rank_quote
@@ -294,8 +295,22 @@ class Router:
         state = got.state if got.state not in (AllocationState.intent, AllocationState.unknown) else \
             AllocationState.pending
         attrs = {**alloc.attrs, **got.attrs}
-        await self._db(self.store.update_allocation, alloc.id, state=state, resource_ids=got.resource_ids,
-                       zone=got.zone or alloc.zone, attrs=attrs)
+        try:
+            await self._db(self.store.update_allocation, alloc.id, expected={AllocationState.intent}, state=state,
+                           resource_ids=got.resource_ids, zone=got.zone or alloc.zone, attrs=attrs)
+        except ConflictError:
+            # A reconcile decided on this intent while we launched: it adopted the launch (live: carry
+            # on), or gave the intent up as stale and requeued the job, and then what we got belongs to
+            # nobody: give it back now rather than leave it to the next reconcile.
+            current = await self._db(self.store.get_allocation, alloc.id)
+            if current.state not in LIVE_STATES:
+                log.warning("job %s: launch on %s outlived its intent (%s); releasing %s", job.id, opt.provider,
+                            current.state.value, got.resource_ids)
+                await provider.release(got)
+                await self._db(self.store.update_allocation, alloc.id, state=AllocationState.released,
+                               resource_ids=got.resource_ids, reason="launch completed after its intent was given up")
+                return Placement(await self._db(self.store.get_job, job.id), False,
+                                 "launch completed after its intent was given up; released", tries)
         try:
             placed = await self._db(
                 self.store.transition, job.id, JobState.provisioning,
@@ -305,9 +320,13 @@ class Router:
                 {JobState.placing}, placement=opt, decision=decision.as_dict(),
             )
         except ConflictError:
-            # Cancelled while we launched: give it straight back.
-            log.info("job %s was cancelled during launch; releasing %s", job.id, got.resource_ids)
             current = await self._db(self.store.get_allocation, alloc.id)
+            now = await self._db(self.store.get_job, job.id)
+            if now.state in (JobState.provisioning, JobState.running) and current.state in LIVE_STATES:
+                # A reconcile adopted this launch and moved the job on itself: placed all the same.
+                return Placement(now, True, f"launched; adopted by a reconcile meanwhile ({now.reason})", tries)
+            # Cancelled (or requeued) while we launched: give it straight back.
+            log.info("job %s was cancelled during launch; releasing %s", job.id, got.resource_ids)
             await provider.release(current)
             await self._db(self.store.update_allocation, alloc.id, state=AllocationState.released,
                            reason="job cancelled during launch")

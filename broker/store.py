@@ -579,7 +579,13 @@ class Store(PriceStore):
             raise NotFoundError(f"allocation {alloc_id} not found")
         return row
 
-    def update_allocation(self, alloc_id: str, **fields: Any) -> Allocation:
+    def update_allocation(
+        self, alloc_id: str, *, expected: Iterable[AllocationState] | None = None, **fields: Any
+    ) -> Allocation:
+        """Set allocation fields. With ``expected``, only if the allocation is still in one of those
+        states (compare-and-set, atomic on both backends); otherwise ``ConflictError`` and nothing
+        changes. Two writers deciding on one allocation (a launch completing, a reconcile failing
+        its intent) then cannot overwrite each other."""
         unknown = set(fields) - ALLOCATION_FIELDS
         if unknown:
             raise StoreError(f"not allocation fields: {', '.join(sorted(unknown))}")
@@ -589,10 +595,17 @@ class Store(PriceStore):
         if "resource_ids" in values:
             values["resource_ids"] = [str(r) for r in values["resource_ids"] or []]
         values["updated_at"] = utcnow()
+        q = ALLOCS.update().where(ALLOCS.c.id == alloc_id)
+        states = sorted({AllocationState(s).value for s in expected or ()})
+        if expected is not None:
+            q = q.where(ALLOCS.c.state.in_(states))
         try:
             with self._tx() as conn:
-                self._alloc_row(conn, alloc_id)
-                conn.execute(ALLOCS.update().where(ALLOCS.c.id == alloc_id).values(**values))
+                row = self._alloc_row(conn, alloc_id)
+                if not conn.execute(q.values(**values)).rowcount:
+                    raise ConflictError(
+                        f"allocation {alloc_id} is {row['state']}, not {' or '.join(states)}: changed meanwhile"
+                    )
                 return self._alloc(self._alloc_row(conn, alloc_id))
         except sa.exc.IntegrityError as exc:
             raise ConflictError(f"allocation {alloc_id}: its job already holds another live allocation") from exc

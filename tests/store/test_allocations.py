@@ -30,6 +30,23 @@ def test_intent_then_update(store: Store) -> None:
         store.update_allocation("zz", state=AllocationState.released)
 
 
+def test_compare_and_set_changes_only_the_expected_state(store: Store) -> None:
+    store.create_job(job(job_id="j"))
+    store.add_allocation(_alloc("a1", "j"))
+    # The launch lands first: the reconcile's "fail it if still an intent" must not undo it.
+    store.update_allocation("a1", expected={AllocationState.intent}, state=AllocationState.pending,
+                            resource_ids=["i-1"])
+    with pytest.raises(ConflictError, match="is pending, not intent"):
+        store.update_allocation("a1", expected={AllocationState.intent}, state=AllocationState.failed, reason="x")
+    kept = store.get_allocation("a1")
+    assert (kept.state, kept.resource_ids, kept.reason) == (AllocationState.pending, ["i-1"], "")
+    ended = store.update_allocation("a1", expected={AllocationState.pending, AllocationState.running},
+                                    state=AllocationState.released)
+    assert ended.state is AllocationState.released
+    with pytest.raises(NotFoundError):
+        store.update_allocation("zz", expected={AllocationState.intent}, state=AllocationState.failed)
+
+
 def test_allocation_needs_a_job(store: Store) -> None:
     with pytest.raises(NotFoundError):
         store.add_allocation(_alloc("a1", "no-such-job"))

@@ -14,7 +14,8 @@ Implements what Lockstep's adapter calls, as Vast's official CLI calls it (share
 
 Faults for the client's retry and error paths (``VastState.faults`` in process, or ``POST /_admin/faults``):
 a fraction of 429/500 answers, a burst of N 429s with ``Retry-After``, the daily search quota 429, a permanent 401,
-asks rented by someone else between search and create, and a create whose answer is lost (rented, then 502).
+asks rented by someone else between search and create, a create whose answer is lost (rented, then 502), and
+slow creates (before renting, or between renting and answering).
 ``/_admin/*`` needs no key: loopback only.
 
 Standalone: ``python -m tests.vastapi.server --port 8765 --api-key KEY`` then point ``LOCKSTEP_VAST_URL`` at it.
@@ -58,6 +59,8 @@ class Faults:
     quota_exhausted: bool = False  # searches answer the daily-quota 429
     steal_next_create: int = 0  # the next N creates find their ask just rented by someone else
     lose_next_create: int = 0  # the next N creates rent the ask but answer 502 (the answer is lost)
+    slow_create_s: float = 0.0  # creates wait this long before renting (a launch still in flight)
+    slow_create_answer_s: float = 0.0  # creates rent at once, then wait this long before answering
     numbers_as_strings: bool = False  # searches answer prices, counts and speeds as strings ("0.42")
     seed: int = 1
 
@@ -270,6 +273,8 @@ async def _create(request: web.Request) -> web.Response:
     state = request.app[STATE]
     ask_id = int(request.match_info["ask_id"])
     body = request[BODY] or {}
+    if state.faults.slow_create_s:
+        await asyncio.sleep(state.faults.slow_create_s)
     offer = state.offers.get(ask_id)
     if offer is not None and ask_id not in state.rented and state.faults.steal_next_create > 0:
         state.faults.steal_next_create -= 1
@@ -310,6 +315,8 @@ async def _create(request: web.Request) -> web.Response:
     if state.faults.lose_next_create > 0:
         state.faults.lose_next_create -= 1
         return _error(502, "bad_gateway", "upstream timed out")
+    if state.faults.slow_create_answer_s:
+        await asyncio.sleep(state.faults.slow_create_answer_s)
     return web.json_response({"success": True, "new_contract": iid})
 
 

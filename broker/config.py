@@ -55,7 +55,7 @@ class SlurmConfig(BaseModel):
     url: str = "http://127.0.0.1:6820"
     user: str = "root"
     token: SecretStr | None = None
-    token_file: str | None = None  # read at start; lets a sidecar rotate it
+    token_file: str | None = None  # re-read when it changes: a sidecar may rotate it
     api_version: str | None = None  # pin (e.g. "v0.0.40"); default: what the server advertises
     timeout_s: float = 10.0
     partition: str | None = None

@@ -22,7 +22,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -296,37 +296,20 @@ class SlurmProvider(Provider):
         self._version_lock = asyncio.Lock()
         self._cancelled: set[str] = set()  # job ids this process cancelled (also marked in the comment)
         self._client: httpx.AsyncClient | None = None
+        self._auth = TokenAuth(config)
 
     def __repr__(self) -> str:
         return f"SlurmProvider(url={self.config.url!r}, user={self.config.user!r}, version={self._version!r})"
 
     # ------------------------------------------------------------------ transport
 
-    def _token(self) -> str:
-        if self.config.token is not None:
-            return self.config.token.get_secret_value()
-        if self.config.token_file:
-            try:
-                with open(self.config.token_file, encoding="utf-8") as fh:
-                    token = fh.read().strip()
-            except OSError as exc:
-                raise ProviderAuthError(PROVIDER, f"cannot read token_file ({exc.strerror})") from None
-            if token:
-                return token
-        raise ProviderAuthError(PROVIDER, "no token configured (slurm.token, slurm.token_file or LOCKSTEP_SLURM_TOKEN)")
-
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            token = self._token()
-            check_token(token, time.time())
             self._client = httpx.AsyncClient(
                 base_url=self.config.url,
                 timeout=self.config.timeout_s,
-                headers={
-                    "X-SLURM-USER-NAME": self.config.user,
-                    "X-SLURM-USER-TOKEN": token,
-                    "Accept": "application/json",
-                },
+                headers={"X-SLURM-USER-NAME": self.config.user, "Accept": "application/json"},
+                auth=self._auth,
             )
         return self._client
 
@@ -652,6 +635,47 @@ class SlurmProvider(Provider):
 
 
 # --------------------------------------------------------------------------- errors
+
+
+class TokenAuth(httpx.Auth):
+    """``X-SLURM-USER-TOKEN`` on every request, from ``slurm.token`` or ``slurm.token_file``.
+
+    Slurm JWTs are short-lived; a sidecar (or cron running ``scontrol token``) rewrites the
+    file before they expire. The file is read again whenever its modification time or size
+    changes, so a rotated token is used from the next request on, without a restart. Every
+    token is checked before it is sent (:func:`check_token`).
+    """
+
+    def __init__(self, config: SlurmConfig) -> None:
+        self.config = config
+        self._seen: tuple[int, int] | None = None  # (mtime_ns, size) of the file last read
+        self._token = ""
+
+    def current(self) -> str:
+        if self.config.token is not None:
+            return self.config.token.get_secret_value()
+        path = self.config.token_file
+        if not path:
+            raise ProviderAuthError(
+                PROVIDER, "no token configured (slurm.token, slurm.token_file or LOCKSTEP_SLURM_TOKEN)"
+            )
+        try:
+            st = os.stat(path)
+            if (st.st_mtime_ns, st.st_size) != self._seen:
+                with open(path, encoding="utf-8") as fh:
+                    self._token = fh.read().strip()
+                self._seen = (st.st_mtime_ns, st.st_size)
+        except OSError as exc:
+            raise ProviderAuthError(PROVIDER, f"cannot read token_file ({exc.strerror})") from None
+        if not self._token:
+            raise ProviderAuthError(PROVIDER, "token_file is empty")
+        return self._token
+
+    def auth_flow(self, request: httpx.Request) -> Iterator[httpx.Request]:
+        token = self.current()
+        check_token(token, time.time())
+        request.headers["X-SLURM-USER-TOKEN"] = token
+        yield request
 
 
 def check_token(token: str, now: float) -> None:

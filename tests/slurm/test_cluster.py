@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -220,21 +221,44 @@ async def test_errors_are_mapped(slurm_config: SlurmConfig, provider: SlurmProvi
     with pytest.raises(BadRequestError):
         await provider.launch(request(spec(1, 1, gpu="L40S"), bad_part, 1, slurm_installation))
 
-    # A malformed token and an expired one are refused; neither ever shows in messages or reprs.
-    expired = ".".join(
-        base64.urlsafe_b64encode(json.dumps(part).encode()).decode().rstrip("=")
-        for part in ({"alg": "HS256", "typ": "JWT"}, {"exp": 1_000_000_000, "iat": 999_999_000, "sun": "root"})
-    ) + "." + uuid.uuid4().hex
-    for secret in ("not-a-valid-token-" + uuid.uuid4().hex, expired):
+    # A malformed token and an expired one are refused before they are sent; neither ever shows in
+    # messages or reprs. (The server's own 401, for a request without a token, maps to ProviderAuthError
+    # too: tests/slurm/test_api_shapes.py. A JWT slurmctld did not sign gets a bare HTTP 500 from
+    # slurmrestd 22.05, indistinguishable from other failures.)
+    for secret in ("not-a-valid-token-" + uuid.uuid4().hex, _jwt(exp=1_000_000_000)):
         cfg = slurm_config.model_copy(update={"token": SecretStr(secret)})
         async with SlurmProvider(cfg, installation=slurm_installation) as p:
             with pytest.raises(ProviderAuthError) as info:
                 await p.offers()
             assert secret not in str(info.value) and secret not in repr(p) and secret not in repr(cfg)
-    # No token at all: the server's own 401.
-    async with SlurmProvider(slurm_config, installation=slurm_installation) as p:
-        p._http().headers.pop("X-SLURM-USER-TOKEN")
-        with pytest.raises(ProviderAuthError):
+
+
+def _jwt(exp: float) -> str:
+    """A JWT-shaped token expiring at ``exp`` with a signature no key made."""
+    return ".".join(
+        base64.urlsafe_b64encode(json.dumps(part).encode()).decode().rstrip("=")
+        for part in ({"alg": "HS256", "typ": "JWT"}, {"exp": int(exp), "iat": int(exp) - 600, "sun": "root"})
+    ) + "." + uuid.uuid4().hex
+
+
+async def test_a_rotated_token_file_is_used_without_a_restart(
+    slurm_config: SlurmConfig, slurm_cluster: SlurmCluster, slurm_installation: str, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "slurm.jwt"
+    token_file.write_text(slurm_cluster.token + "\n")
+    cfg = slurm_config.model_copy(update={"token": None, "token_file": str(token_file)})
+    async with SlurmProvider(cfg, installation=slurm_installation) as p:
+        assert await p.offers()
+        token_file.write_text(_jwt(exp=time.time() - 60))  # rotated: the new token is read (and refused)
+        with pytest.raises(ProviderAuthError, match="expired"):
+            await p.offers()
+        token_file.write_text(slurm_cluster.cli("scontrol", "token", "username=root", "lifespan=600").split("=", 1)[1])
+        assert await p.offers()  # and to a good one again: no restart, no new provider
+        token_file.write_text("")
+        with pytest.raises(ProviderAuthError, match="token_file is empty"):
+            await p.offers()
+        token_file.unlink()
+        with pytest.raises(ProviderAuthError, match="cannot read token_file"):
             await p.offers()
 
 

@@ -848,6 +848,29 @@ class Store(PriceStore):
         if not n:
             raise NotFoundError(f"token {token_id} not found")
 
+    # ------------------------------------------------------------------ operations
+
+    def ping(self) -> bool:
+        """True when the database answers (readiness probes)."""
+        with self._tx(write=False) as conn:
+            conn.execute(sa.text("SELECT 1"))
+        return True
+
+    def counts(self) -> dict[str, Any]:
+        """For metrics: jobs by state, placements made (transitions to provisioning), and
+        allocations as (provider, state, count) rows."""
+        with self._tx(write=False) as conn:
+            by_state = dict(conn.execute(sa.select(JOBS.c.state, sa.func.count()).group_by(JOBS.c.state)).all())
+            placements = conn.execute(
+                sa.select(sa.func.count()).select_from(EVENTS).where(EVENTS.c.to_state == JobState.provisioning.value)
+            ).scalar_one()
+            allocs = conn.execute(
+                sa.select(ALLOCS.c.provider, ALLOCS.c.state, sa.func.count()).group_by(
+                    ALLOCS.c.provider, ALLOCS.c.state
+                )
+            ).all()
+        return {"jobs": by_state, "placements": placements, "allocations": [tuple(r) for r in allocs]}
+
     # ------------------------------------------------------------------ spend and usage
 
     def tenant_spend(self, tenant: str, since: datetime, now: datetime | None = None) -> float:

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from broker.api.errors import ApiError
 from broker.api.keys import AUTH, METRICS, OPENAPI, SERVICE, TOKENS
-from broker.api.metrics import CONTENT_TYPE, store_counts, store_ping
+from broker.api.metrics import CONTENT_TYPE
 from broker.api.params import (
     JobsParams,
     OfferParams,
@@ -243,7 +243,7 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
     try:
-        store_ok = bool(await svc.db(store_ping, svc.store))
+        store_ok = bool(await svc.db(svc.store.ping))
     except Exception as exc:  # any failure to reach the store means "not ready"
         log.warning("readiness: store unreachable (%s)", type(exc).__name__)
         store_ok = False
@@ -258,7 +258,7 @@ async def readyz(request: web.Request) -> web.Response:
 @admin_only
 async def metrics(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
-    counts = await svc.db(store_counts, svc.store)
+    counts = await svc.db(svc.store.counts)
     body = request.app[METRICS].render(counts)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 

@@ -10,36 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from broker.models import JobState
-from broker.store import ALLOCS, EVENTS, JOBS, Store
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 RefreshHook = Callable[[str, bool, float], None]  # Marketplace.on_refresh: (provider, ok, seconds)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-
-def store_counts(store: Store) -> dict[str, Any]:
-    """Jobs by state, placements made, live allocations by provider (blocking; run in a thread)."""
-    with store.engine.connect() as conn:
-        by_state = dict(conn.execute(sa.select(JOBS.c.state, sa.func.count()).group_by(JOBS.c.state)).all())
-        placements = conn.execute(
-            sa.select(sa.func.count()).select_from(EVENTS)
-            .where(EVENTS.c.to_state == JobState.provisioning.value)
-        ).scalar_one()
-        allocs = conn.execute(
-            sa.select(ALLOCS.c.provider, ALLOCS.c.state, sa.func.count()).group_by(ALLOCS.c.provider,
-                                                                                   ALLOCS.c.state)
-        ).all()
-    return {"jobs": by_state, "placements": placements, "allocations": [tuple(r) for r in allocs]}
-
-
-def store_ping(store: Store) -> bool:
-    with store.engine.connect() as conn:
-        conn.execute(sa.text("SELECT 1"))
-    return True
 
 
 class ApiMetrics:

@@ -87,6 +87,12 @@ def test_spend_gpus_and_usage(store: Store) -> None:
     assert usage["done"]["spent_usd"] == 100.0 and usage["wait"]["gpu_hours"] == 0.0
     assert usage["done"]["gpu_hours"] > 0  # from created to its last update
     assert store.job_usage(since=now + timedelta(hours=1)) == []
+    # What /metrics reports, from the same rows.
+    counts = store.counts()
+    assert counts["jobs"] == {"cancelled": 1, "running": 1, "pending": 1, "provisioning": 1}
+    assert counts["placements"] == 2  # "run" and "theirs" each reached provisioning once
+    assert sorted(counts["allocations"]) == [("aws", "released", 1), ("aws", "running", 1)]
+    assert store.ping() is True
 
 
 def test_leader_lock(store: Store) -> None:

@@ -20,6 +20,10 @@ from platformdirs import user_data_dir
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from policies.health import HealthThresholds
+
+_HEALTH = HealthThresholds()
+
 
 def default_db_url() -> str:
     path = Path(user_data_dir("lockstep", appauthor=False)) / "lockstep.db"
@@ -139,11 +143,13 @@ class TrackerConfig(BaseModel):
 
 
 class HealthConfig(BaseModel):
-    min_relative_tflops: float = 0.7  # below 70% of datasheet → unhealthy
+    """The health gates' limits; defaults are policies.health.HealthThresholds' (one definition)."""
+
+    min_relative_tflops: float = _HEALTH.min_relative_tflops  # below 70% of datasheet → unhealthy
     max_allreduce_latency_us: dict[str, float] = Field(
-        default_factory=lambda: {"infiniband": 5.0, "efa": 30.0, "roce": 15.0, "ethernet": 200.0}
+        default_factory=lambda: dict(_HEALTH.max_allreduce_latency_us)
     )
-    max_ecc_double_bit: int = 0
+    max_ecc_double_bit: int = _HEALTH.max_ecc_double_bit
     # Where burn-in jobs leave their probe JSON for the broker to read: any directory on a single-host
     # cluster, a filesystem shared by the nodes and the broker on a real one. "" = <temp dir>/lockstep-burnin.
     burnin_results_dir: str = ""

@@ -111,21 +111,7 @@ class NcclResult(BaseModel):
             "nranks": self.nranks,
             "out_of_bounds": self.out_of_bounds,
             "small_message_latency_us": small_message_latency_us(self),
-            "rows": [
-                {
-                    "size_bytes": r.size_bytes,
-                    "count": r.count,
-                    "type": r.type,
-                    "redop": r.redop,
-                    "root": r.root,
-                    "time_us": r.time_us,
-                    "algbw_gbps": r.algbw_gbps,
-                    "busbw_gbps": r.busbw_gbps,
-                    "wrong": r.wrong,
-                    "in_place": r.in_place,
-                }
-                for r in self.rows
-            ],
+            "rows": [r.model_dump() for r in self.rows],  # every field but the input line number
         }
 
 

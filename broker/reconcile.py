@@ -128,13 +128,18 @@ async def reconcile(
             elif live_other:
                 await release(p, a, f"duplicate: job {job.id} already holds {live_other[0].id}", mine)
             elif mine is not None:
+                if mine.state is AllocationState.intent and not single_writer and now - mine.created_at < stale_after:
+                    continue  # a launch in flight (this process's or a replica's): its launcher records it
                 update: dict[str, Any] = {"resource_ids": a.resource_ids or mine.resource_ids}
                 if mine.state in (AllocationState.intent, AllocationState.failed, AllocationState.unknown):
                     update["state"] = a.state if a.state not in (AllocationState.intent, AllocationState.unknown) \
                         else AllocationState.pending
-                try:
-                    await db(store.update_allocation, mine.id, **update)
-                except ConflictError:  # since we read, the job took another live allocation (a replica)
+                try:  # only over what we read: a launcher or the poll loop may have decided since
+                    await db(store.update_allocation, mine.id, expected={mine.state}, **update)
+                except ConflictError:
+                    if (await db(store.get_allocation, mine.id)).state is not mine.state:
+                        continue  # decided meanwhile: the next pass looks again
+                    # Same state: the job took another live allocation since we read (a replica's).
                     await release(p, a, f"duplicate: job {job.id} holds another live allocation", mine)
                     continue
                 report.adopted.append(mine.id)

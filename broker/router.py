@@ -277,8 +277,8 @@ class Router:
                     else "auth" if isinstance(exc, ProviderAuthError) else type(exc).__name__)
             tries.append({"offer_id": opt.offer_id, "provider": opt.provider, "sku": opt.sku, "zone": opt.zone,
                           "market": opt.market.value, "error": str(exc)[:300], "kind": kind})
-            await self._db(self.store.update_allocation, alloc.id, state=AllocationState.failed,
-                           reason=str(exc)[:500])
+            if not await self._fail_intent(alloc, str(exc)[:500]):
+                return await self._decided_elsewhere(job, alloc, tries)
             if self.on_placed:
                 self.on_placed(opt.provider, kind)
             log.info("job %s: %s on %s failed: %s", job.id, opt.sku, opt.zone or opt.region, exc)
@@ -288,8 +288,8 @@ class Router:
             log.exception("job %s: launch on %s raised", job.id, opt.provider)
             tries.append({"offer_id": opt.offer_id, "provider": opt.provider, "error": repr(exc)[:300],
                           "kind": "error"})
-            await self._db(self.store.update_allocation, alloc.id, state=AllocationState.failed,
-                           reason=repr(exc)[:500])
+            if not await self._fail_intent(alloc, repr(exc)[:500]):
+                return await self._decided_elsewhere(job, alloc, tries)
             return "next"
 
         state = got.state if got.state not in (AllocationState.intent, AllocationState.unknown) else \
@@ -299,18 +299,12 @@ class Router:
             await self._db(self.store.update_allocation, alloc.id, expected={AllocationState.intent}, state=state,
                            resource_ids=got.resource_ids, zone=got.zone or alloc.zone, attrs=attrs)
         except ConflictError:
-            # A reconcile decided on this intent while we launched: it adopted the launch (live: carry
-            # on), or gave the intent up as stale and requeued the job, and then what we got belongs to
-            # nobody: give it back now rather than leave it to the next reconcile.
+            # A reconcile decided on this intent while we launched (a launch slower than its
+            # stale_after, or an exclusive pass): it gave the intent up, or adopted the launch.
             current = await self._db(self.store.get_allocation, alloc.id)
-            if current.state not in LIVE_STATES:
-                log.warning("job %s: launch on %s outlived its intent (%s); releasing %s", job.id, opt.provider,
-                            current.state.value, got.resource_ids)
-                await provider.release(got)
-                await self._db(self.store.update_allocation, alloc.id, state=AllocationState.released,
-                               resource_ids=got.resource_ids, reason="launch completed after its intent was given up")
-                return Placement(await self._db(self.store.get_job, job.id), False,
-                                 "launch completed after its intent was given up; released", tries)
+            if current.state is AllocationState.failed and not current.resource_ids:
+                return await self._release_orphan(job, alloc, provider, got, tries)
+            # Adopted: the record (and what the reconcile wrote into it) stands; move the job on below.
         try:
             placed = await self._db(
                 self.store.transition, job.id, JobState.provisioning,
@@ -334,6 +328,44 @@ class Router:
         if self.on_placed:
             self.on_placed(opt.provider, "placed")
         return Placement(placed, True, placed.reason, tries)
+
+    async def _fail_intent(self, alloc: Allocation, reason: str) -> bool:
+        """Record a failed launch over its intent; False when a reconcile decided on the intent first."""
+        try:
+            await self._db(self.store.update_allocation, alloc.id, expected={AllocationState.intent},
+                           state=AllocationState.failed, reason=reason)
+        except ConflictError:
+            return False
+        return True
+
+    async def _decided_elsewhere(self, job: Job, alloc: Allocation, tries: list[dict[str, Any]]) -> Placement:
+        """A reconcile took this launch's intent over: stop trying other offers and report where the job is."""
+        now = await self._db(self.store.get_job, job.id)
+        log.info("job %s: allocation %s was decided by a reconcile during its launch; job is %s",
+                 job.id, alloc.id, now.state.value)
+        placed = now.state in (JobState.provisioning, JobState.running)
+        return Placement(now, placed, f"allocation {alloc.id} was decided by a reconcile during its launch", tries)
+
+    async def _release_orphan(self, job: Job, alloc: Allocation, provider: Provider, got: Allocation,
+                              tries: list[dict[str, Any]]) -> Placement:
+        """The launch completed after a reconcile gave its intent up (and requeued the job): what it got
+        belongs to nobody. Record that first (so no one adopts it meanwhile), then give it back."""
+        try:
+            await self._db(self.store.update_allocation, alloc.id, expected={AllocationState.failed},
+                           state=AllocationState.released, resource_ids=got.resource_ids,
+                           reason="launch completed after its intent was given up")
+        except ConflictError:  # adopted after all, between our two reads: it is the reconcile's now
+            return await self._decided_elsewhere(job, alloc, tries)
+        log.warning("job %s: launch on %s outlived its intent; releasing %s", job.id, provider.name,
+                    got.resource_ids)
+        try:
+            await provider.release(got)
+        except ProviderError as exc:  # recorded as released with its ids: the next reconcile retries
+            log.warning("job %s: release of %s failed (%s); reconciliation will retry", job.id,
+                        got.resource_ids, exc)
+        # The reconcile requeued the job unless it could not list every provider: then do it here.
+        return await self._back_to_pending(job, "launch completed after its intent was given up; released",
+                                           tries, {})
 
     async def _launch(self, provider: Provider, req: LaunchRequest) -> Allocation:
         """``provider.launch``; after an error that may have come after the launch went through (a lost

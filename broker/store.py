@@ -601,11 +601,10 @@ class Store(PriceStore):
             q = q.where(ALLOCS.c.state.in_(states))
         try:
             with self._tx() as conn:
-                row = self._alloc_row(conn, alloc_id)
+                self._alloc_row(conn, alloc_id)
                 if not conn.execute(q.values(**values)).rowcount:
-                    raise ConflictError(
-                        f"allocation {alloc_id} is {row['state']}, not {' or '.join(states)}: changed meanwhile"
-                    )
+                    now = self._alloc_row(conn, alloc_id)["state"]  # after the UPDATE: what it lost to
+                    raise ConflictError(f"allocation {alloc_id} is {now}, not {' or '.join(states)}: changed meanwhile")
                 return self._alloc(self._alloc_row(conn, alloc_id))
         except sa.exc.IntegrityError as exc:
             raise ConflictError(f"allocation {alloc_id}: its job already holds another live allocation") from exc

@@ -75,3 +75,38 @@ async def test_a_launch_adopted_during_its_launch_stays_placed(vast_only: Lockst
     assert allocs[0].resource_ids == [str(next(iter(vast_api.state.instances)))]  # kept, not released
     await vast_only.cancel(job_id)
     assert vast_api.state.instances == {}
+
+
+async def test_a_periodic_reconcile_leaves_a_launch_in_flight_to_its_launcher(
+    vast_only: Lockstep, vast_api: VastApiServer
+) -> None:
+    vast_api.state.faults.slow_create_answer_s = 1.5  # rented at once, the answer comes later
+    job_id, placing = await _launch_in_flight(vast_only, vast_api)
+    await wait_for(lambda: len(vast_api.state.instances) == 1, limit_s=30, every=0.05)
+    # A replica's (or this process's own periodic) pass: the young intent is not its to decide.
+    report = await reconcile(vast_only.store, vast_only.market.providers, exclusive=False)
+    assert report.adopted == [] and report.failed_intents == [] and report.released == []
+    await placing
+    job = await vast_only.get_job(job_id)
+    assert job.state is JobState.provisioning
+    (alloc,) = vast_only.store.allocations(job_id)
+    assert alloc.state in (AllocationState.pending, AllocationState.running) and alloc.resource_ids
+    await vast_only.cancel(job_id)
+
+
+async def test_a_late_launch_whose_release_fails_is_recorded_and_released_by_the_next_reconcile(
+    vast_only: Lockstep, vast_api: VastApiServer
+) -> None:
+    vast_api.state.faults.slow_create_s = 1.5
+    job_id, placing = await _launch_in_flight(vast_only, vast_api)
+    report = await reconcile(vast_only.store, vast_only.market.providers, exclusive=True)
+    assert report.requeued == [job_id]
+    vast_api.state.faults.burst_429 = 1000  # the create already passed the gate; the release will not
+    await placing
+    (alloc,) = vast_only.store.allocations(job_id)
+    assert alloc.state is AllocationState.released and alloc.resource_ids  # recorded before the release
+    assert len(vast_api.state.instances) == 1  # the release failed: still running at Vast
+    assert (await vast_only.get_job(job_id)).state is JobState.pending
+    vast_api.state.faults.burst_429 = 0
+    again = await reconcile(vast_only.store, vast_only.market.providers, exclusive=True)
+    assert len(again.released) == 1 and vast_api.state.instances == {}

@@ -18,6 +18,7 @@ import base64
 import binascii
 import heapq
 import json
+import logging
 import math
 import os
 import re
@@ -48,6 +49,7 @@ from broker.models import (
 from providers import slurm_api as api
 from providers.base import JOB_TAG, OWNER_TAG, TENANT_TAG, LaunchRequest, OfferQuery, Provider
 
+log = logging.getLogger(__name__)
 PROVIDER = "slurm"
 TOKEN_TAG = "lockstep:token"
 ATTEMPT_TAG = "lockstep:attempt"
@@ -297,6 +299,9 @@ class SlurmProvider(Provider):
         self._cancelled: set[str] = set()  # job ids this process cancelled (also marked in the comment)
         self._client: httpx.AsyncClient | None = None
         self._auth = TokenAuth(config)
+        if config.token is not None and config.token_file:
+            log.warning("slurm: both token and token_file are set; using token, so token_file (and its "
+                        "rotation) is ignored")
 
     def __repr__(self) -> str:
         return f"SlurmProvider(url={self.config.url!r}, user={self.config.user!r}, version={self._version!r})"
@@ -641,17 +646,19 @@ class TokenAuth(httpx.Auth):
     """``X-SLURM-USER-TOKEN`` on every request, from ``slurm.token`` or ``slurm.token_file``.
 
     Slurm JWTs are short-lived; a sidecar (or cron running ``scontrol token``) rewrites the
-    file before they expire. The file is read again whenever its modification time or size
-    changes, so a rotated token is used from the next request on, without a restart. Every
-    token is checked before it is sent (:func:`check_token`).
+    file before they expire. The file is read again whenever it is a different file or its
+    change time, modification time or size differ (a rename into place, a rewrite), and once
+    more before giving up on a token that has expired or that slurmrestd answers 401 to, so a
+    rotated token is used from the next request on, without a restart. Every token is
+    checked before it is sent (:func:`check_token`).
     """
 
     def __init__(self, config: SlurmConfig) -> None:
         self.config = config
-        self._seen: tuple[int, int] | None = None  # (mtime_ns, size) of the file last read
-        self._token = ""
+        # (file identity, token) replaced as one value: threads sharing a provider never pair them wrongly.
+        self._cache: tuple[tuple[int, ...], str] | None = None
 
-    def current(self) -> str:
+    def current(self, reread: bool = False) -> str:
         if self.config.token is not None:
             return self.config.token.get_secret_value()
         path = self.config.token_file
@@ -661,21 +668,38 @@ class TokenAuth(httpx.Auth):
             )
         try:
             st = os.stat(path)
-            if (st.st_mtime_ns, st.st_size) != self._seen:
+            ident = (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns, st.st_size)
+            cache = self._cache
+            if reread or cache is None or cache[0] != ident:
                 with open(path, encoding="utf-8") as fh:
-                    self._token = fh.read().strip()
-                self._seen = (st.st_mtime_ns, st.st_size)
+                    cache = self._cache = (ident, fh.read().strip())
         except OSError as exc:
             raise ProviderAuthError(PROVIDER, f"cannot read token_file ({exc.strerror})") from None
-        if not self._token:
+        except UnicodeDecodeError:  # its repr would carry the file's bytes: the token
+            raise ProviderAuthError(PROVIDER, "token_file is not UTF-8 text") from None
+        if not cache[1]:
             raise ProviderAuthError(PROVIDER, "token_file is empty")
-        return self._token
+        return cache[1]
+
+    def _checked(self, reread: bool = False) -> str:
+        token = self.current(reread)
+        try:
+            check_token(token, time.time())
+        except ProviderAuthError:
+            if reread or self.config.token is not None:
+                raise
+            return self._checked(reread=True)  # rotated within the same stat tick: look once more
+        return token
 
     def auth_flow(self, request: httpx.Request) -> Iterator[httpx.Request]:
-        token = self.current()
-        check_token(token, time.time())
+        token = self._checked()
         request.headers["X-SLURM-USER-TOKEN"] = token
-        yield request
+        response = yield request
+        if response.status_code == 401 and self.config.token is None:
+            fresh = self._checked(reread=True)
+            if fresh != token:
+                request.headers["X-SLURM-USER-TOKEN"] = fresh
+                yield request
 
 
 def check_token(token: str, now: float) -> None:

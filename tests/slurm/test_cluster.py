@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import time
 import uuid
@@ -254,6 +255,23 @@ async def test_a_rotated_token_file_is_used_without_a_restart(
             await p.offers()
         token_file.write_text(slurm_cluster.cli("scontrol", "token", "username=root", "lifespan=600").split("=", 1)[1])
         assert await p.offers()  # and to a good one again: no restart, no new provider
+        # Rotated by renaming a new file into place with the old file's size and modification time
+        # (cp -p, rsync -t): a different file all the same.
+        good = token_file.read_text().strip()
+        before = token_file.stat()
+        expired = _jwt(exp=time.time() - 60)
+        expired = expired[: expired.rindex(".") + 1] + ("a" * (before.st_size - expired.rindex(".") - 1))
+        staged = tmp_path / "slurm.jwt.new"
+        staged.write_text(expired)
+        os.utime(staged, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert staged.stat().st_size == before.st_size
+        os.replace(staged, token_file)
+        with pytest.raises(ProviderAuthError, match="expired"):
+            await p.offers()
+        token_file.write_bytes(b"\xff\xfe" + good.encode()[2:])  # not text: refused, and its bytes never shown
+        with pytest.raises(ProviderAuthError, match="not UTF-8") as info:
+            await p.offers()
+        assert good[2:12] not in str(info.value) and good[2:12] not in repr(info.value)
         token_file.write_text("")
         with pytest.raises(ProviderAuthError, match="token_file is empty"):
             await p.offers()

@@ -208,36 +208,27 @@ class PriceStore:
 
     # ------------------------------------------------------------------ reading history
 
-    def _matching_series(
-        self,
-        conn: Connection,
-        gpu: str | None,
-        filters: dict[str, str | None],
-    ) -> tuple[dict[int, Any], bool]:
-        """Series rows by id matching the filters, and whether any filter was given."""
-        q = sa.select(*_SERIES_COLS)
-        if gpu:
-            q = q.where(SERIES.c.gpu.in_(gpu_names(gpu)))
-        given = bool(gpu)
-        for col, value in filters.items():
-            if value is not None:
-                q = q.where(SERIES.c[col] == value)
-                given = True
-        return {row[0]: row for row in conn.execute(q).all()}, given
+    @staticmethod
+    def _series_conditions(gpu: str | None, filters: dict[str, str | None]) -> list[Any]:
+        """WHERE conditions on price_series for a GPU (model, family or prefix) and column filters."""
+        conds: list[Any] = [SERIES.c.gpu.in_(gpu_names(gpu))] if gpu else []
+        conds += [SERIES.c[col] == value for col, value in filters.items() if value is not None]
+        return conds
 
     def _points(
         self,
         conn: Connection,
-        ids: list[int] | None,
+        series: Any,
         since: datetime | None,
         until: datetime | None,
         order: tuple[Any, ...],
         limit: int | None = None,
     ) -> list[Any]:
-        """(series_id, at_us, usd_per_hour, count) rows of the given series (None: all) in a window."""
+        """(series_id, at_us, usd_per_hour, count) rows of the given series (ids, a subquery of ids,
+        or None: all) in a window."""
         q = sa.select(POINTS.c.series_id, POINTS.c.at_us, POINTS.c.usd_per_hour, POINTS.c.count)
-        if ids is not None:
-            q = q.where(POINTS.c.series_id.in_(ids))
+        if series is not None:
+            q = q.where(POINTS.c.series_id.in_(series))
         if since is not None:
             q = q.where(POINTS.c.at_us >= to_us(since))
         if until is not None:
@@ -256,21 +247,25 @@ class PriceStore:
         order: tuple[Any, ...],
         limit: int | None = None,
     ) -> tuple[dict[int, Any], list[Any]]:
-        """Matching series and their points, in one read transaction.
+        """Matching series (rows by id) and their points, in one read transaction.
 
-        The points query names the matching series' ids, so each series is a range scan of
-        the primary key; past ``_MAX_IDS`` series it scans the points instead (and, with a
-        filter, keeps the matching series' rows here).
+        Up to ``_MAX_IDS`` series the points query names their ids, so each series is a range
+        scan of the primary key; past that it selects them by a subquery with the same filters
+        (or, with none, scans all points). Points of a series created after the series were read
+        (PostgreSQL reads each statement at its own snapshot) are left out.
         """
+        conds = self._series_conditions(gpu, filters)
         with self._tx(write=False) as conn:
-            series, given = self._matching_series(conn, gpu, filters)
+            series = {row[0]: row for row in conn.execute(sa.select(*_SERIES_COLS).where(*conds)).all()}
             if not series:
                 return series, []
-            named = len(series) <= _MAX_IDS
-            sift = given and not named  # too many series to name, and not all of them: keep matches here
-            rows = self._points(conn, sorted(series) if named else None, since, until, order, None if sift else limit)
-        if sift:
-            rows = [r for r in rows if r[0] in series][:limit]
+            if len(series) <= _MAX_IDS:
+                which: Any = sorted(series)
+            else:
+                which = sa.select(SERIES.c.id).where(*conds) if conds else None
+            rows = self._points(conn, which, since, until, order, limit)
+        if len(series) > _MAX_IDS:
+            rows = [r for r in rows if r[0] in series]
         return series, rows
 
     @staticmethod

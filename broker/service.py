@@ -277,8 +277,10 @@ class Lockstep:
                            market: Market | None = None, zone: str | None = None, region: str | None = None,
                            stat: str | None = None, since: datetime | None = None,
                            until: datetime | None = None) -> list[PriceSeries]:
-        """Stored history per series, in columns; ``since`` defaults to seven days back."""
-        since = since if since is not None else self.clock() - timedelta(days=7)
+        """Stored history per series, in columns; ``since`` defaults to seven days before ``until``
+        (or before now)."""
+        if since is None:
+            since = (until if until is not None else self.clock()) - timedelta(days=7)
         return await self.db(self.store.price_series, gpu=gpu, sku=sku, provider=provider, market=market,
                              zone=zone, region=region, stat=stat, since=since, until=until)
 

@@ -66,7 +66,8 @@ class TokensParams(BaseModel):
 
 
 class SeriesParams(BaseModel):
-    """GET /v1/prices/series: the history filters over a window (7 days back unless ``since``)."""
+    """GET /v1/prices/series: the history filters over a window (``since`` defaults to 7 days
+    before ``until``, or before now)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -194,5 +194,8 @@ def test_price_history_and_series_serve_the_stored_points(api: Api) -> None:
         older = bob.get("/v1/prices/series", params={"gpu": "H100-SXM", "since": ten_days})
         assert older.json()[0]["usd_per_hour"] == [20.0, 30.0, 33.5]
         assert bob.get("/v1/prices/series", params={"gpu": "B200"}).json() == []
+        week_before = (now - timedelta(days=8)).isoformat()  # the week before it: the old point alone
+        assert [s["usd_per_hour"] for s in bob.get("/v1/prices/series", params={"until": week_before}).json()] \
+            == [[20.0]]
         bad = bob.get("/v1/prices/series", params={"until": "soon"})
         assert bad.status_code == 400 and bad.json()["error"]["field"] == "until"

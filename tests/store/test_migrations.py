@@ -113,11 +113,12 @@ def _check_0004(url: str) -> None:
                     {"provider": provider, "region": "us-east-1" if zone else "", "zone": zone, "stat": stat,
                      "price": price, "count": count, "at": at},
                 )
-            # 0003's latest table knew the first aws series only: the others come from history alone.
+            # 0003's latest table knew the first aws series only, and is behind its history (it names
+            # the 12:00 point, history has 13:00): the newest point comes from history.
             conn.execute(sa.text(
                 "INSERT INTO price_latest (provider, market, sku, region, zone, stat, gpu, usd_per_hour, count, at)"
                 " SELECT provider, market, sku, region, zone, stat, gpu, usd_per_hour, count, at FROM price_points"
-                " WHERE zone = 'us-east-1a' ORDER BY at DESC LIMIT 1"
+                " WHERE zone = 'us-east-1a' ORDER BY at LIMIT 1"
             ))
         store.migrate()
         expected = sorted(

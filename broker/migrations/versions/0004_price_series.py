@@ -31,6 +31,7 @@ depends_on: str | Sequence[str] | None = None
 
 KEY = "provider, market, sku, region, zone, stat"
 JOIN = " AND ".join(f"s.{c} = p.{c}" for c in KEY.split(", "))
+SAME_SERIES = " AND ".join(f"q.{c} = p.{c}" for c in KEY.split(", "))
 
 
 def _to_us(column: str) -> str:
@@ -79,9 +80,10 @@ def upgrade() -> None:
         f"INSERT INTO price_series ({KEY}, gpu, last_at, last_usd, last_count) "
         f"SELECT {KEY}, gpu, {_to_us('at')}, usd_per_hour, count FROM price_latest"
     )
-    op.execute(
-        f"INSERT INTO price_series ({KEY}, gpu) SELECT {KEY}, MAX(gpu) FROM price_points p "
-        f"WHERE NOT EXISTS (SELECT 1 FROM price_series s WHERE {JOIN}) GROUP BY {KEY}"
+    op.execute(  # with the GPU of its newest point
+        f"INSERT INTO price_series ({KEY}, gpu) SELECT {KEY}, "
+        f"(SELECT q.gpu FROM price_points q WHERE {SAME_SERIES} ORDER BY q.at DESC, q.id DESC LIMIT 1) "
+        f"FROM price_points p WHERE NOT EXISTS (SELECT 1 FROM price_series s WHERE {JOIN}) GROUP BY {KEY}"
     )
     op.drop_index("ix_price_points_series_at", table_name="price_points")
     op.drop_index("ix_price_points_gpu_at", table_name="price_points")
@@ -104,11 +106,13 @@ def upgrade() -> None:
         "ON CONFLICT DO NOTHING"
     )
     op.drop_table("price_points_0003")
-    # Series known only from history (price_latest is filled by every write, but a crash or a
-    # hand edit may leave gaps) get their newest point from it, so ingest deduplicates against it.
+    # Where history is newer than price_latest (filled by every write, but a hand edit or a restore
+    # may leave it behind) or price_latest lacks the series, the newest point comes from history:
+    # ingest deduplicates against it, and a point at a stored time would break the primary key.
+    newest_at = "(SELECT MAX(p.at_us) FROM price_points p WHERE p.series_id = price_series.id)"
     op.execute(
-        "UPDATE price_series SET last_at = "
-        "(SELECT MAX(p.at_us) FROM price_points p WHERE p.series_id = price_series.id) WHERE last_at IS NULL"
+        f"UPDATE price_series SET last_at = {newest_at}, last_usd = NULL "
+        f"WHERE last_at IS NULL OR last_at < {newest_at}"
     )
     newest = "FROM price_points p WHERE p.series_id = price_series.id AND p.at_us = price_series.last_at"
     op.execute(

@@ -76,8 +76,6 @@ class PriceStore:
     _insert_fn: Callable[[], Any]
     _serialise: Callable[[Connection, str], None]
 
-    gpu_names = staticmethod(gpu_names)
-
     # ------------------------------------------------------------------ writing
 
     def add_price_points(self, points: list[PricePoint]) -> int:
@@ -111,7 +109,7 @@ class PriceStore:
             for key, series in by_series.items():
                 sid, last_at, last_usd = known[key][0], known[key][8], known[key][9]
                 # Integer times first: they order naive (UTC) and aware datetimes alike.
-                stamps = [(p.at - EPOCH) // _US if p.at.tzinfo is not None else to_us(p.at) for p in series]
+                stamps = [to_us(p.at) for p in series]
                 newest: PricePoint | None = None
                 for i in sorted(range(len(series)), key=stamps.__getitem__):  # stable; linear when in order
                     p, at_us = series[i], stamps[i]
@@ -309,7 +307,7 @@ class PriceStore:
         series, rows = self._read(gpu, filters, since, until, order, limit)
         keys = {sid: _key_fields(row) for sid, row in series.items()}
         out = [
-            PricePoint(**keys[sid], usd_per_hour=usd, count=count, at=EPOCH + timedelta(microseconds=at_us))
+            PricePoint(**keys[sid], usd_per_hour=usd, count=count, at=from_us(at_us))
             for sid, at_us, usd, count in rows
         ]
         if limit is not None:
@@ -337,7 +335,7 @@ class PriceStore:
             out.append(
                 PriceSeries(
                     **_key_fields(series[sid]),
-                    at=[EPOCH + timedelta(microseconds=r[1]) for r in group],
+                    at=[from_us(r[1]) for r in group],
                     usd_per_hour=[r[2] for r in group],
                     count=[r[3] for r in group],
                 )

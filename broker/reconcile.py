@@ -84,6 +84,10 @@ async def reconcile(
     now = clock()
     single_writer = bool(getattr(store, "is_sqlite", False)) if exclusive is None else exclusive
 
+    def may_be_in_flight(since: datetime) -> bool:
+        """A placement this recent may still be running (here or in a replica): not ours to decide."""
+        return not single_writer and now - since < stale_after
+
     owned: dict[str, list[Allocation]] = {}
     for name, p in providers.items():
         if not p.can_launch:
@@ -128,7 +132,7 @@ async def reconcile(
             elif live_other:
                 await release(p, a, f"duplicate: job {job.id} already holds {live_other[0].id}", mine)
             elif mine is not None:
-                if mine.state is AllocationState.intent and not single_writer and now - mine.created_at < stale_after:
+                if mine.state is AllocationState.intent and may_be_in_flight(mine.created_at):
                     continue  # a launch in flight (this process's or a replica's): its launcher records it
                 update: dict[str, Any] = {"resource_ids": a.resource_ids or mine.resource_ids}
                 if mine.state in (AllocationState.intent, AllocationState.failed, AllocationState.unknown):
@@ -161,7 +165,7 @@ async def reconcile(
             continue
         # With replicas, a recent intent is most likely another replica's launch in flight, which our
         # listing of the provider (taken before) cannot show yet, whatever state its job is in by now.
-        if not single_writer and now - rec.created_at < stale_after:
+        if may_be_in_flight(rec.created_at):
             continue
         # Look again just before failing it: its launch may have completed since we read it. (Failing
         # a completed one would requeue its job and leak what it launched.)
@@ -177,7 +181,7 @@ async def reconcile(
 
     # (c) jobs left mid-way.
     for job in await db(store.jobs_in_states, list(HOLDING)):
-        if job.state is JobState.placing and not single_writer and now - job.updated_at < stale_after:
+        if job.state is JobState.placing and may_be_in_flight(job.updated_at):
             continue
         records = await db(store.allocations, job.id)
         live = [r for r in records if r.state in LIVE_ALLOC and r.state is not AllocationState.intent]

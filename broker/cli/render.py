@@ -91,7 +91,7 @@ def infeasible_reasons(q: Quote) -> str:
     groups: dict[str, list[str]] = defaultdict(list)
     for r in q.rejected:
         groups[r.code].append(r.reason)
-    parts = []
+    parts = list(q.notes)  # e.g. "no market offers B300": the reason that matters, first
     for code, n in sorted(q.rejected_counts.items(), key=lambda kv: -kv[1]):
         example = groups[code][0] if groups.get(code) else ""
         parts.append(f"{n} × {code}" + (f" (e.g. {example})" if example else ""))

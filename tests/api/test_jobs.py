@@ -28,7 +28,7 @@ def test_quote_ranks_options_with_reasons(api: Api) -> None:
     ("body", "field"),
     [
         (spec(gpus=12, gpus_per_node=8), "gpus_per_node"),
-        (spec(gpu=["Z9000"]), "gpu"),
+        (spec(gpu=["Z9000 <script>"]), "gpu"),  # garbage; a GPU-shaped unknown name is a quote (issue 17)
         (spec(colour="blue"), "colour"),
         (spec(gpus=0), "gpus"),
         (spec(workload={"params_b": 7}), "workload"),

@@ -261,13 +261,9 @@ class FieldError(ValueError):
 
 
 def _clean_text(value: str) -> str:
-    """Text a JSON column and every database take: no NUL, no lone surrogate (invalid UTF-8)."""
+    """Text every database takes: no NUL (pydantic itself refuses lone surrogates, invalid UTF-8)."""
     if "\x00" in value:
         raise ValueError("NUL characters are not allowed")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("not valid Unicode text (a lone surrogate)") from None
     return value
 
 
@@ -570,6 +566,30 @@ class Quote(BaseModel):
                              description="what the job asks for that no market offers, e.g. 'no market offers B300'")
     offers_considered: int = 0
     at: datetime = Field(default_factory=utcnow)
+
+
+class GpuMarketSummary(BaseModel):
+    """One GPU model in one market kind: how much is on offer, where, and the $/GPU-hour range."""
+
+    market: Market
+    offers: int
+    gpus: int = Field(description="GPUs across these offers, one node each")
+    min_usd_per_gpu_hour: float
+    max_usd_per_gpu_hour: float
+    providers: list[str]
+    regions: list[str]
+
+
+class GpuSummary(BaseModel):
+    """A GPU model as the current book offers it (``lockstep gpus``, ``GET /v1/gpus``)."""
+
+    gpu: str
+    vendor: str = Field(description="nvidia, amd, or '' for a model outside Lockstep's GPU table")
+    memory_gb: float
+    offers: int
+    gpus: int
+    regions: list[str]
+    markets: list[GpuMarketSummary]
 
 
 # --------------------------------------------------------------------------- jobs

@@ -21,6 +21,7 @@ import numpy as np
 
 from broker.gpus import GPU_SPECS, Runtime, Vendor
 from broker.models import COLOCATE_RANK, FabricNeed, JobSpec, Market
+from broker.perf import min_gpu_memory_gb
 from policies.book import FABRICS, MARKETS, OWNED, VENDORS, OfferBook, OfferRow
 
 
@@ -51,7 +52,9 @@ CHECKS: tuple[Check, ...] = (
     Check("gpu_model", lambda o, s: f"GPU {o.gpu} not accepted (job accepts {', '.join(s.gpu)})"),
     Check("runtime", _runtime_reason),
     Check("unhealthy", lambda o, s: "node marked unhealthy"),
-    Check("gpu_memory", lambda o, s: f"{o.gpu_memory_gb:g} GB per GPU < {s.min_gpu_memory_gb:g} GB needed"),
+    Check("gpu_memory", lambda o, s: f"{o.gpu_memory_gb:g} GB per GPU < {memory_needed(s):g} GB needed" + (
+        "" if memory_needed(s) <= s.min_gpu_memory_gb else
+        f" ({s.workload.params_b:g}B parameters in bf16 over {s.gpus} GPUs)")),
     Check("gpus_per_node", lambda o, s: f"{o.gpu_count} GPUs per node available < {s.gpus_per_node} needed"),
     Check("nodes", lambda o, s: f"only {o.max_nodes} node(s) to be had together, job needs {s.nodes}"),
     Check("colocation", lambda o, s: f"nodes co-located only at '{o.colocation.value}' level, job needs "
@@ -76,6 +79,11 @@ _RUNTIME_OK: dict[Runtime, np.ndarray] = {
     r: np.array([v is None or (v is Vendor.nvidia) == (r is Runtime.cuda) for v in VENDORS], dtype=bool)
     for r in (Runtime.cuda, Runtime.rocm)
 }
+
+
+def memory_needed(spec: JobSpec) -> float:
+    """GB per GPU the job needs: what it asks, or more when its model cannot fit otherwise."""
+    return max(spec.min_gpu_memory_gb, min_gpu_memory_gb(spec.workload, spec.gpus))
 
 
 def job_node_price(book: OfferBook, spec: JobSpec, idx: np.ndarray | None = None) -> np.ndarray:
@@ -180,8 +188,8 @@ def screen(book: OfferBook, spec: JobSpec) -> Screen:
     fails: list[tuple[str, np.ndarray]] = []
     if book.any_unhealthy:
         fails.append(("unhealthy", col("unhealthy")))
-    if spec.min_gpu_memory_gb:
-        fails.append(("gpu_memory", col("gpu_mem") + 1e-9 < spec.min_gpu_memory_gb))
+    if need := memory_needed(spec):
+        fails.append(("gpu_memory", col("gpu_mem") + 1e-9 < need))
     fails.append(("gpus_per_node", col("gpu_count") < spec.gpus_per_node))
     if nodes > 1:
         fails.append(("nodes", col("max_nodes") < nodes))

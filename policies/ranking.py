@@ -123,7 +123,8 @@ def quote(
     else:
         head = np.arange(len(keep))
     chosen = keep[head]
-    sub = np.lexsort((wall[chosen], book["stale"][idx[chosen]], np.round(cost[chosen], 2)))
+    # Cheapest to the cent first; then fresh before stale, sooner before later, and the exact cost.
+    sub = np.lexsort((cost[chosen], wall[chosen], book["stale"][idx[chosen]], np.round(cost[chosen], 2)))
     shown = chosen[sub][:top]
     options = _options(book, idx[shown], nodes, gpn, price=job_price[shown], wall=wall[shown], cost=cost[shown],
                        comp=np.broadcast_to(comp, cost.shape)[shown], comm=np.broadcast_to(comm, cost.shape)[shown],

@@ -184,6 +184,13 @@ class Groups:
         ends = np.cumsum(sizes)
         return np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - sizes), sizes)
 
+    def runs(self, which: np.ndarray) -> list[tuple[int, int]]:
+        """The same rows as (start, stop) runs of consecutive rows: adjacent groups merged."""
+        edges = np.diff(np.concatenate(([0], which.view(np.int8), [0])))
+        first, after = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        stops = self.start[after - 1] + self.size[after - 1]
+        return list(zip(self.start[first].tolist(), stops.tolist(), strict=True))
+
 
 class OfferRow:
     """A read-only view of one book row with the attributes the reasons and options read (an Offer's
@@ -238,6 +245,8 @@ class OfferBook:
     owned_egress: float = 0.0
     gpu_vendor: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))  # per gpu code
     any_unhealthy: bool = False
+    any_divisible: bool = False  # some rows are paid per GPU taken (owned nodes)
+    any_queue: bool = False  # some rows wait in a queue before they start
     _folded_gpus: dict[str, int] | None = None
 
     def __len__(self) -> int:
@@ -359,7 +368,8 @@ class OfferBook:
         owned_egress = float(cols["egress"][owned].max()) if owned.any() else 0.0
         return cls(cols=cols, codes=codes, ids=ids_sorted, groups=groups, nodes=nodes, source=source,
                    order=None if source is None else order, site_egress=site_egress, owned_egress=owned_egress,
-                   gpu_vendor=vendor)
+                   gpu_vendor=vendor, any_divisible=bool(cols["divisible"].any()),
+                   any_queue=bool(cols["queue"].any()))
 
     def with_health(
         self,
@@ -416,6 +426,11 @@ class OfferBook:
 
     def text(self, name: str, row: int) -> str:
         return self.codes[name].names[int(self.cols[name][row])]
+
+    def texts(self, name: str, rows: np.ndarray) -> list[str]:
+        """The text field ``name`` of each row in ``rows`` (one gather, not one lookup per row)."""
+        names = self.codes[name].names
+        return [names[c] for c in self.cols[name][rows].tolist()]
 
     def row(self, i: int) -> OfferRow:
         """A light view of row ``i`` (for reasons and options; no Offer made)."""

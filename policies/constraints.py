@@ -71,6 +71,7 @@ CHECKS: tuple[Check, ...] = (
     Check("deadline", lambda o, s: "would finish after the deadline"),
 )
 CODE_OF: dict[str, int] = {c.code: i + 1 for i, c in enumerate(CHECKS)}
+MAX_RUNS = 32  # up to this many stretches of candidate rows, columns are sliced rather than gathered
 _FABRIC_OK: dict[FabricNeed, np.ndarray] = {
     need: np.array([need.accepts(f) for f in FABRICS], dtype=bool) for need in FabricNeed
 }
@@ -90,14 +91,31 @@ def job_node_price(book: OfferBook, spec: JobSpec, idx: np.ndarray | None = None
     """Price per node-hour for this job: divisible (owned) nodes are paid per GPU taken."""
     assert spec.gpus_per_node is not None
     if idx is None:
+        if not book.any_divisible:
+            return book["price"]
         return np.where(book["divisible"], book["price_per_gpu"] * spec.gpus_per_node, book["price"])
+    if not book.any_divisible:
+        return book["price"][idx]
     return np.where(book["divisible"][idx], book["price_per_gpu"][idx] * spec.gpus_per_node, book["price"][idx])
 
 
 def _assign(codes: np.ndarray, fails: list[tuple[str, np.ndarray]]) -> None:
-    # Reverse order, so the first check in CHECKS order wins.
+    # Reverse order, so the first check in CHECKS order wins. A masked write costs more than a scan, and
+    # most checks break no offer that got this far: write only where one does.
     for code, mask in reversed(fails):
-        codes[mask] = CODE_OF[code]
+        if mask.any():
+            codes[mask] = CODE_OF[code]
+
+
+def _first_nonzero(a: np.ndarray, limit: int | None) -> np.ndarray:
+    """Positions of the first ``limit`` non-zero entries (all when None), scanning only as far as needed."""
+    if limit is None:
+        return np.flatnonzero(a)
+    found, start, step = [], 0, max(4 * limit, 1024)
+    while start < len(a) and sum(map(len, found)) < limit:
+        found.append(np.flatnonzero(a[start:start + step]) + start)
+        start, step = start + step, step * 4
+    return np.concatenate(found)[:limit] if found else np.zeros(0, dtype=np.int64)
 
 
 @dataclass
@@ -125,8 +143,8 @@ class Screen:
     def rejected(self, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(rows, codes) of up to ``limit`` rejected offers: the near misses (the right GPU in an
         allowed market, broken on a later check) first, then the others in book order."""
-        near = np.flatnonzero(self.codes)
-        rows, codes = self.rows[near[:limit]], self.codes[near[:limit]]
+        near = _first_nonzero(self.codes, limit)
+        rows, codes = self.rows[near], self.codes[near]
         room = None if limit is None else limit - len(rows)
         if room is not None and room <= 0:
             return rows, codes
@@ -178,11 +196,20 @@ def screen(book: OfferBook, spec: JobSpec) -> Screen:
     """The constraints over ``book``: group checks on the index, row checks on the rows that remain."""
     assert spec.gpus_per_node is not None
     group_codes = _group_checks(book, spec)
-    everything = not group_codes.any()
-    rows = np.arange(len(book)) if everything else book.groups.rows(group_codes == 0)
+    which = group_codes == 0
+    runs = book.groups.runs(which)
+    if len(runs) <= MAX_RUNS:  # a few stretches of rows: slices (views, or one copy each), no gathers
+        rows = np.concatenate([np.arange(a, b) for a, b in runs]) if runs else np.zeros(0, dtype=np.int64)
 
-    def col(name: str) -> np.ndarray:
-        return book[name] if everything else book[name][rows]
+        def col(name: str) -> np.ndarray:
+            column = book[name]
+            return column[runs[0][0]:runs[0][1]] if len(runs) == 1 else np.concatenate(
+                [column[a:b] for a, b in runs] or [column[:0]])
+    else:
+        rows = book.groups.rows(which)
+
+        def col(name: str) -> np.ndarray:
+            return book[name][rows]
 
     nodes = spec.nodes
     fails: list[tuple[str, np.ndarray]] = []
@@ -203,8 +230,9 @@ def screen(book: OfferBook, spec: JobSpec) -> Screen:
     if not spec.interruptible:
         fails.append(("interruptible", col("interruptible")))
     if spec.max_usd_per_hour is not None:
-        fails.append(("price_cap", job_node_price(book, spec, None if everything else rows) * nodes
-                      > spec.max_usd_per_hour + 1e-9))
+        price = col("price") if not book.any_divisible else np.where(
+            col("divisible"), col("price_per_gpu") * spec.gpus_per_node, col("price"))
+        fails.append(("price_cap", price * nodes > spec.max_usd_per_hour + 1e-9))
     codes = np.zeros(len(rows), dtype=np.int8)
     _assign(codes, fails)
     return Screen(book, rows, codes, group_codes)

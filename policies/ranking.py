@@ -91,19 +91,29 @@ def quote(
     nodes, gpn = spec.nodes, spec.gpus_per_node
     assert gpn is not None
 
+    def take(name: str, unused: float | None = None) -> np.ndarray | float:
+        """The column's values for the feasible rows; a constant where the job's shape makes them irrelevant."""
+        return book[name][idx] if unused is None else unused
+
+    # Gather only the columns this job's formulas read (one node: no fabric; one GPU: no NVLink either).
     shape = step_shape(spec.workload)
-    comp, comm = job_hours(
-        shape, nodes=nodes, gpus_per_node=gpn, tflops_per_gpu=book["tflops"][idx],
-        fabric_gbits=book["fabric_gbps"][idx], fabric_eff=book["fabric_eff"][idx],
-        fabric_latency_us=book["fabric_lat"][idx], intra_busbw_gbps=book["intra_bw"][idx],
+    comm = shape.total_flops > 0 and shape.grad_bytes > 0 and shape.steps > 0
+    inter, intra = None if comm and nodes > 1 else 0.0, None if comm and gpn > 1 else 1.0
+    comp, comm_h = job_hours(
+        shape, nodes=nodes, gpus_per_node=gpn, tflops_per_gpu=take("tflops", None if shape.total_flops > 0 else 1.0),
+        fabric_gbits=take("fabric_gbps", inter), fabric_eff=take("fabric_eff", inter),
+        fabric_latency_us=take("fabric_lat", inter), intra_busbw_gbps=take("intra_bw", intra),
     )
     egress_usd, xfer = _data_costs(book, spec, idx)
-    run = np.asarray(comp + comm + xfer, dtype=float)
-    lost = np.asarray(preemption_overhead(run, book["preempt_rate"][idx], spec.checkpoint_minutes), dtype=float)
+    run = np.asarray(comp + comm_h + xfer, dtype=float)
+    if spec.interruptible:  # otherwise no interruptible offer got this far: nothing is lost to preemption
+        lost = np.asarray(preemption_overhead(run, book["preempt_rate"][idx], spec.checkpoint_minutes), dtype=float)
+    else:
+        lost = np.zeros(len(idx))
     billed_hours = run + lost
     job_price = job_node_price(book, spec, idx) * nodes
     cost = job_price * billed_hours + egress_usd
-    wall = billed_hours + book["queue"][idx]
+    wall = billed_hours + book["queue"][idx] if book.any_queue else billed_hours
 
     late = np.zeros(len(idx), dtype=bool)
     deadline = spec.deadline_at(now)
@@ -127,15 +137,15 @@ def quote(
     sub = np.lexsort((cost[chosen], wall[chosen], book["stale"][idx[chosen]], np.round(cost[chosen], 2)))
     shown = chosen[sub][:top]
     options = _options(book, idx[shown], nodes, gpn, price=job_price[shown], wall=wall[shown], cost=cost[shown],
-                       comp=np.broadcast_to(comp, cost.shape)[shown], comm=np.broadcast_to(comm, cost.shape)[shown],
+                       comp=np.broadcast_to(comp, cost.shape)[shown], comm=np.broadcast_to(comm_h, cost.shape)[shown],
                        lost=lost[shown], egress=egress_usd[shown], billed=billed_hours[shown])
     rows, codes = sc.rejected(max_rejected)
+    text = {k: book.texts(k, rows) for k in ("provider", "sku", "region", "zone")}
     rejected = []
-    for i, c in zip(rows.tolist(), codes.tolist(), strict=True):
-        o = book.row(i)
-        code, reason = describe(c, o, spec)
-        rejected.append({"provider": o.provider, "sku": o.sku, "region": o.region, "zone": o.zone,
-                         "offer_id": o.id, "code": code, "reason": reason})
+    for j, (i, c) in enumerate(zip(rows.tolist(), codes.tolist(), strict=True)):
+        code, reason = describe(c, book.row(i), spec)
+        rejected.append({"provider": text["provider"][j], "sku": text["sku"][j], "region": text["region"][j],
+                         "zone": text["zone"][j], "offer_id": book.ids[i], "code": code, "reason": reason})
     missing = _missing_models(book, spec)
     # One validation call for the whole answer (per-object constructors cost 3-10× more).
     return Quote.model_validate({
@@ -149,8 +159,7 @@ def _options(book: OfferBook, rows: np.ndarray, nodes: int, gpn: int, **figures:
     """The options shown, as data for QuoteOption: only these rows become objects."""
     c = book.cols
     f = {k: v.tolist() for k, v in figures.items()}
-    text = {k: [book.codes[k].names[x] for x in c[k][rows].tolist()]
-            for k in ("provider", "sku", "region", "zone", "cluster", "gpu", "perf_source")}
+    text = {k: book.texts(k, rows) for k in ("provider", "sku", "region", "zone", "cluster", "gpu", "perf_source")}
     num = {k: c[k][rows].tolist() for k in ("market", "fabric", "fabric_gbps", "interruptible", "stale", "queue",
                                              "measured", "tflops")}
     out = []

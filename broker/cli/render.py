@@ -41,7 +41,7 @@ def _money(x: float) -> str:
 def quote_table(q: Quote, explain: bool = False) -> None:
     spec = q.job
     console.print(
-        f"[bold]{spec.name}[/]: {spec.gpus} × {'/'.join(spec.gpu)} as {spec.nodes} node(s) × "
+        f"[bold]{spec.name}[/]: {spec.gpus} × {'/'.join(spec.gpu) or 'any GPU'} as {spec.nodes} node(s) × "
         f"{spec.gpus_per_node}, fabric {spec.fabric.value}, co-located at '{spec.colocate.value}'"
         f" — {len(q.options)} option(s) shown of {q.offers_considered} offers"
     )

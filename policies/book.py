@@ -184,6 +184,10 @@ class Groups:
         ends = np.cumsum(sizes)
         return np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - sizes), sizes)
 
+    def of_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The group index of each book row in ``rows``."""
+        return np.searchsorted(self.start, rows, side="right") - 1
+
     def runs(self, which: np.ndarray) -> list[tuple[int, int]]:
         """The same rows as (start, stop) runs of consecutive rows: adjacent groups merged."""
         edges = np.diff(np.concatenate(([0], which.view(np.int8), [0])))
@@ -245,6 +249,7 @@ class OfferBook:
     owned_egress: float = 0.0
     gpu_vendor: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))  # per gpu code
     any_unhealthy: bool = False
+    unhealthy_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     any_divisible: bool = False  # some rows are paid per GPU taken (owned nodes)
     any_queue: bool = False  # some rows wait in a queue before they start
     _folded_gpus: dict[str, int] | None = None
@@ -407,7 +412,8 @@ class OfferBook:
                 hit = (keys[pos] == row_key) & cols["interruptible"]
                 rate[hit] = values[pos[hit]]
         cols["preempt_rate"] = rate
-        return replace(self, cols=cols, any_unhealthy=bool(unhealthy.any()))
+        bad_rows = np.flatnonzero(unhealthy)
+        return replace(self, cols=cols, any_unhealthy=bool(len(bad_rows)), unhealthy_rows=bad_rows)
 
     # ------------------------------------------------------------------ reading
 

@@ -15,7 +15,7 @@ only for the rows a caller shows. Pure and vectorised: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,9 +49,9 @@ CHECKS: tuple[Check, ...] = (
     Check("market", lambda o, s: f"market {o.market.value} not allowed (job allows "
                                  f"{', '.join(m.value for m in s.markets)})"),
     Check("region", lambda o, s: f"region {o.region or '?'} not in {s.regions}"),
+    Check("unhealthy", lambda o, s: "node marked unhealthy"),
     Check("gpu_model", lambda o, s: f"GPU {o.gpu} not accepted (job accepts {', '.join(s.gpu)})"),
     Check("runtime", _runtime_reason),
-    Check("unhealthy", lambda o, s: "node marked unhealthy"),
     Check("gpu_memory", lambda o, s: f"{o.gpu_memory_gb:g} GB per GPU < {memory_needed(s):g} GB needed" + (
         "" if memory_needed(s) <= s.min_gpu_memory_gb else
         f" ({s.workload.params_b:g}B parameters in bf16 over {s.gpus} GPUs)")),
@@ -132,12 +132,19 @@ class Screen:
     rows: np.ndarray
     codes: np.ndarray
     group_codes: np.ndarray
+    # Rows outside ``rows`` whose code is not their group's: unhealthy nodes in groups rejected by a
+    # check that comes after health (GPU model, runtime). Few: only unhealthy rows can be here.
+    unhealthy_elsewhere: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def counts(self) -> dict[str, int]:
         """How many offers each check rejected (every offer counted, none written out)."""
         freq = np.bincount(self.codes, minlength=len(CHECKS) + 1)
         freq[: len(CHECKS) + 1] += np.bincount(self.group_codes, weights=self.book.groups.size,
                                                minlength=len(CHECKS) + 1).astype(np.int64)
+        moved = self.unhealthy_elsewhere
+        if len(moved):
+            np.subtract.at(freq, self.group_codes[self.book.groups.of_rows(moved)], 1)
+            freq[CODE_OF["unhealthy"]] += len(moved)
         return {CHECKS[v - 1].code: int(freq[v]) for v in range(1, len(freq)) if freq[v]}
 
     def rejected(self, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -156,12 +163,15 @@ class Screen:
         which[bad] = True
         far = groups.rows(which)[:room]
         far_codes = np.repeat(self.group_codes[which], groups.size[which])[:room]
+        if len(self.unhealthy_elsewhere):
+            far_codes[np.isin(far, self.unhealthy_elsewhere)] = CODE_OF["unhealthy"]
         return np.concatenate((rows, far)), np.concatenate((codes, far_codes))
 
     def all_codes(self) -> np.ndarray:
         """Per book row: 0 when feasible, else its first broken check."""
         out = np.repeat(self.group_codes, self.book.groups.size)
         out[self.rows] = self.codes
+        out[self.unhealthy_elsewhere] = CODE_OF["unhealthy"]
         return out
 
 
@@ -235,7 +245,11 @@ def screen(book: OfferBook, spec: JobSpec) -> Screen:
         fails.append(("price_cap", price * nodes > spec.max_usd_per_hour + 1e-9))
     codes = np.zeros(len(rows), dtype=np.int8)
     _assign(codes, fails)
-    return Screen(book, rows, codes, group_codes)
+    elsewhere = np.zeros(0, dtype=np.int64)
+    if book.any_unhealthy:  # health is checked before the GPU model: a drained node says so whatever the job
+        bad = book.unhealthy_rows
+        elsewhere = bad[group_codes[book.groups.of_rows(bad)] > CODE_OF["unhealthy"]]
+    return Screen(book, rows, codes, group_codes, elsewhere)
 
 
 def reject_codes(book: OfferBook, spec: JobSpec) -> np.ndarray:

@@ -106,10 +106,10 @@ def reference_code(o: Offer, s: JobSpec, unhealthy: set[tuple[str, str]]) -> str
         ("provider", bool(s.providers and o.provider not in s.providers) or (stay and o.market is not Market.owned)),
         ("market", o.market not in s.markets),
         ("region", bool(s.regions) and o.region not in (s.regions or [])),
+        ("unhealthy", (o.provider, o.locality.host) in unhealthy),
         ("gpu_model", bool(s.gpu) and fold(o.gpu) not in {fold(g) for g in s.gpu}),
         ("runtime", s.runtime in (Runtime.cuda, Runtime.rocm) and spec_gpu is not None
          and spec_gpu.runtime is not s.runtime),
-        ("unhealthy", (o.provider, o.locality.host) in unhealthy),
         ("gpu_memory", memory + 1e-9 < memory_needed(s)),
         ("gpus_per_node", o.gpu_count < s.gpus_per_node),
         ("nodes", s.nodes > 1 and o.max_nodes < s.nodes),
@@ -150,7 +150,8 @@ def test_screen_matches_the_plain_reference_for_every_offer(offers: list[Offer])
 
 
 def test_quote_counts_every_offer_and_ranks_the_feasible_by_cost(offers: list[Offer]) -> None:
-    book = OfferBook.build(offers)
+    sick = {(o.provider, o.locality.host): "ECC" for o in offers[::41] if o.locality.host}
+    book = OfferBook.build(offers, unhealthy_hosts=sick)
     rng = random.Random(9)
     checked = 0
     for i in range(60):
@@ -160,6 +161,9 @@ def test_quote_counts_every_offer_and_ranks_the_feasible_by_cost(offers: list[Of
         assert sum(full.rejected_counts.values()) + len(full.options) == len(book)
         assert full.rejected_counts == some.rejected_counts  # counts never depend on what is written out
         assert len(full.rejected) == sum(full.rejected_counts.values()) and len(some.rejected) <= 7
+        codes = dict(zip(book.ids, reject_codes(book, spec).tolist(), strict=True))
+        for r in full.rejected:  # written-out codes are the screen's (the cost checks come on top)
+            assert r.code in ("deadline", "budget") or CHECKS[codes[r.offer_id] - 1].code == r.code
         assert [o.offer_id for o in some.options] == [o.offer_id for o in full.options[:5]]
         costs = [o.expected_cost_usd for o in full.options]
         assert costs == sorted(costs)
@@ -248,4 +252,4 @@ def test_catalog_quotes_unchanged_in_substance() -> None:
     q = quote(book, spec, now=NOW, top=20, max_rejected=None)
     assert q.options and all(o.fabric is Fabric.efa and o.nodes == 8 for o in q.options)
     assert q.rejected_counts.get("market", 0) > 0 and "deadline" not in q.rejected_counts
-    assert CODE_OF["gpu_model"] < CODE_OF["runtime"] < CODE_OF["unhealthy"]
+    assert CODE_OF["region"] < CODE_OF["unhealthy"] < CODE_OF["gpu_model"] < CODE_OF["runtime"]

@@ -297,11 +297,6 @@ def resolve_request(name: str) -> tuple[str, ...]:
     raise ValueError(f"{name!r} is not a GPU model name (e.g. H100, A100-SXM-80GB, MI300X, L40S)")
 
 
-def same_model(a: str, b: str) -> bool:
-    """Spellings of one model, for names outside the table (compared folded)."""
-    return _fold(a) == _fold(b)
-
-
 def fold(name: str) -> str:
     """The folded key names are compared by: lower case, no separators, no vendor words."""
     return _fold(name)

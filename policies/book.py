@@ -92,20 +92,16 @@ class Codes:
 
 # Per-row text, interned (codes in the columns of the same name).
 TEXT_FIELDS = ("provider", "gpu", "region", "site", "sku", "zone", "cluster", "rack", "host", "perf_source")
-# What from_columns needs besides the text fields; all have defaults but the first five.
-NUMERIC_DEFAULTS: dict[str, Any] = {
-    "gpu_count": None, "price": None, "market": None, "id": None, "gpu_mem": 0.0,
-    "divisible": False, "interruptible": False, "max_nodes": 1, "coloc": COLOCATIONS.index(Colocate.node),
-    "fabric": FABRICS.index(Fabric.none), "fabric_gbps": 0.0, "intra": INTRAS.index(IntraNode.pcie),
-    "tflops": np.nan, "measured": False, "fabric_lat": np.nan, "reliability": np.nan, "stale": False,
-    "egress": 0.0, "queue": 0.0, "inet_down_mbps": np.nan, "observed_at": 0.0,
-}
-_DTYPES: dict[str, Any] = {
-    "gpu_count": np.int32, "price": np.float64, "market": np.int8, "gpu_mem": np.float64, "divisible": bool,
-    "interruptible": bool, "max_nodes": np.int32, "coloc": np.int8, "fabric": np.int8, "fabric_gbps": np.float64,
-    "intra": np.int8, "tflops": np.float64, "measured": bool, "fabric_lat": np.float64,
-    "reliability": np.float64, "stale": bool, "egress": np.float64, "queue": np.float64,
-    "inet_down_mbps": np.float64, "observed_at": np.float64,
+# What from_columns takes besides ``id`` and the text fields: (dtype, default; None: required).
+NUMERIC: dict[str, tuple[Any, Any]] = {
+    "gpu_count": (np.int32, None), "price": (np.float64, None), "market": (np.int8, None),
+    "gpu_mem": (np.float64, 0.0), "divisible": (bool, False), "interruptible": (bool, False),
+    "max_nodes": (np.int32, 1), "coloc": (np.int8, COLOCATIONS.index(Colocate.node)),
+    "fabric": (np.int8, FABRICS.index(Fabric.none)), "fabric_gbps": (np.float64, 0.0),
+    "intra": (np.int8, INTRAS.index(IntraNode.pcie)), "tflops": (np.float64, np.nan), "measured": (bool, False),
+    "fabric_lat": (np.float64, np.nan), "reliability": (np.float64, np.nan), "stale": (bool, False),
+    "egress": (np.float64, 0.0), "queue": (np.float64, 0.0), "inet_down_mbps": (np.float64, np.nan),
+    "observed_at": (np.float64, 0.0),
 }
 
 
@@ -113,7 +109,7 @@ def offer_columns(offers: Sequence[Offer]) -> dict[str, Any]:
     """The columns of ``offers`` (one pass), as :meth:`OfferBook.from_columns` takes them."""
     n = len(offers)
     text: dict[str, list[str]] = {k: [""] * n for k in TEXT_FIELDS}
-    num = {k: np.empty(n, dtype=_DTYPES[k]) for k in _DTYPES}
+    num = {k: np.empty(n, dtype=dtype) for k, (dtype, _) in NUMERIC.items()}
     fabric_index = {f: i for i, f in enumerate(FABRICS)}
     market_index = {m: i for i, m in enumerate(MARKETS)}
     coloc_index = {c: i for i, c in enumerate(COLOCATIONS)}
@@ -276,11 +272,6 @@ class OfferBook:
     def sites(self) -> Codes:
         return self.codes["site"]
 
-    @property
-    def offers(self) -> list[Offer]:
-        """Every row as an Offer (materialised: for small books and tests, not for quotes)."""
-        return [self.offer(i) for i in range(len(self))]
-
     # ------------------------------------------------------------------ building
 
     @classmethod
@@ -306,7 +297,7 @@ class OfferBook:
     @classmethod
     def from_columns(cls, data: Mapping[str, Any], *, source: Sequence[Offer] | None = None) -> OfferBook:
         """A book from columns: ``id`` (strings), the text fields (strings, or codes with their
-        ``Codes`` under ``codes``), and the numeric fields of ``NUMERIC_DEFAULTS`` (arrays or
+        ``Codes`` under ``codes``), and the numeric fields of ``NUMERIC`` (arrays or
         scalars). No Offer objects are needed; :meth:`offer` makes them for the rows shown."""
         ids = list(data["id"])
         n = len(ids)
@@ -321,13 +312,11 @@ class OfferBook:
             else:
                 codes[name] = Codes()
                 raw[name] = codes[name].encode(values if values is not None else [""] * n)
-        for name, default in NUMERIC_DEFAULTS.items():
-            if name in ("id",):
-                continue
+        for name, (dtype, default) in NUMERIC.items():
             value = data.get(name, default)
             if value is None:
                 raise ValueError(f"column {name} is required")
-            raw[name] = np.broadcast_to(np.asarray(value, dtype=_DTYPES[name]), (n,))
+            raw[name] = np.broadcast_to(np.asarray(value, dtype=dtype), (n,))
 
         # The index: sort by the group key, once.
         order = np.lexsort((raw["region"], raw["provider"], raw["market"], raw["gpu"]))

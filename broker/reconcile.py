@@ -16,8 +16,9 @@ One pass runs four phases, in this order:
 
 A provider that cannot be listed is left alone: nothing of it is released and
 none of its jobs is requeued on a guess. Job state changes go through
-broker/lifecycle.py; allocation records are written here with compare-and-set
-(``expected=``), so a launcher or the poll loop deciding meanwhile wins.
+broker/lifecycle.py. Adopting a record and failing an intent are compare-and-sets
+on the allocation's state (``expected=``), so a launcher or the poll loop that
+decided meanwhile wins.
 """
 
 from __future__ import annotations
@@ -238,8 +239,8 @@ class _Pass:
 
     async def resolve_job(self, job: Job) -> None:
         """A job left in placing goes on to provisioning when it holds a live allocation, else back to
-        pending; a provisioning or running job whose allocation is gone is requeued. Nothing is decided
-        for a job with a live allocation at a provider that could not be listed."""
+        pending; a provisioning or running job with no live allocation record left is requeued. A job with
+        a live record (an intent included) at a provider that could not be listed is not requeued."""
         records = await asyncio.to_thread(self.store.allocations, job.id)
         live = [r for r in records if r.state in LIVE_ALLOC and r.state is not AllocationState.intent]
         unreachable = any(r.provider in self.report.unreachable for r in records if r.state in LIVE_ALLOC)

@@ -8,10 +8,12 @@ test_e2e.py (capacity failover at moto), test_launch_races.py and test_crash.py.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from broker.errors import BadRequestError, CapacityError, ProviderAuthError, QuotaError, TransientError
-from broker.models import AllocationState, Job, JobState
+from broker.models import AllocationState, Job, JobState, QuoteOption
 from broker.router import PlacementResult, Router
 from broker.store import Store
 from providers.base import LaunchRequest
@@ -24,9 +26,14 @@ async def place(router: Router, **spec_fields: object) -> PlacementResult:
     return await submit_and_place(router.store, router, **spec_fields)
 
 
-def event_tries(job: Job, to: JobState) -> list[dict[str, object]]:
+def event_tries(job: Job, to: JobState) -> list[dict[str, Any]]:
     [event] = [e for e in job.events if e.to_state is to][-1:]
-    return event.data.get("tries", [])
+    return list(event.data.get("tries", []))
+
+
+def placed_on(res: PlacementResult) -> QuoteOption:
+    assert res.placed and res.job.placement is not None, res.reason
+    return res.job.placement
 
 
 async def test_a_capacity_error_moves_to_the_next_offer(store: Store) -> None:
@@ -36,7 +43,7 @@ async def test_a_capacity_error_moves_to_the_next_offer(store: Store) -> None:
     res = await place(await router_over(store, mem))
 
     assert res.placed and res.job.state is JobState.provisioning, res.reason
-    assert res.job.placement.offer_id == "mem:b"  # the next offer, in rank order
+    assert placed_on(res).offer_id == "mem:b"  # the next offer, in rank order
     assert [r.offer.id for r in mem.launches] == ["mem:a", "mem:b"]
     [t] = res.tries
     assert (t.offer_id, t.kind, t.zone) == ("mem:a", "capacity", "z1") and not t.rules_out_provider
@@ -59,7 +66,7 @@ async def test_a_quota_or_auth_error_skips_the_rest_of_that_provider(store: Stor
         q.refuse[o] = refusal
     res = await place(await router_over(store, q, other))
 
-    assert res.placed and res.job.placement.provider == "other", res.reason
+    assert res.placed and placed_on(res).provider == "other", res.reason
     assert [r.offer.id for r in q.launches] == ["q:a"]  # its other offers were not tried
     [t] = res.tries
     assert t.rules_out_provider and t.kind == ("quota" if isinstance(refusal, QuotaError) else "auth")
@@ -85,11 +92,12 @@ async def test_the_try_cap_ends_the_pass_and_the_job_waits_with_every_try_kept(s
 async def test_the_intent_and_the_attempt_are_stored_before_the_provider_is_called(store: Store) -> None:
     mem = MemoryProvider("mem", [offer("mem", "a", 1.0), offer("mem", "b", 2.0)])
     mem.refuse["mem:a"] = CapacityError("mem", "none")
-    seen: list[tuple[int, int, list[tuple[AllocationState, str]]]] = []
+    seen: list[tuple[int, int, list[tuple[str, str]]]] = []
 
     def look(req: LaunchRequest) -> None:  # what a crash at this moment would leave in the store
         job = store.get_job(req.job_id)
-        live = [(a.state, a.client_token) for a in store.allocations(req.job_id) if a.state is AllocationState.intent]
+        intents = store.allocations(req.job_id, [AllocationState.intent])
+        live = [(a.state.value, a.client_token) for a in intents]
         seen.append((req.attempt, job.attempts, live))
 
     mem.on_launch = look
@@ -97,7 +105,7 @@ async def test_the_intent_and_the_attempt_are_stored_before_the_provider_is_call
 
     assert res.placed
     tokens = [r.client_token for r in mem.launches]
-    assert seen == [(1, 1, [(AllocationState.intent, tokens[0])]), (2, 2, [(AllocationState.intent, tokens[1])])]
+    assert seen == [(1, 1, [("intent", tokens[0])]), (2, 2, [("intent", tokens[1])])]
 
 
 async def test_an_adapter_exception_is_recorded_and_the_next_offer_tried(store: Store) -> None:
@@ -105,7 +113,7 @@ async def test_an_adapter_exception_is_recorded_and_the_next_offer_tried(store: 
     mem.refuse["mem:a"] = KeyError("instanceId")  # an adapter bug, no provider error
     res = await place(await router_over(store, mem))
 
-    assert res.placed and res.job.placement.offer_id == "mem:b", res.reason
+    assert res.placed and placed_on(res).offer_id == "mem:b", res.reason
     assert mem.owned_calls == 1  # it asked whether the failed call launched anything: it had not
     [t] = res.tries
     assert t.kind == "error" and "KeyError" in t.error and not t.rules_out_provider
@@ -118,7 +126,7 @@ async def test_a_launch_that_went_through_despite_its_error_is_found_and_kept(st
     mem.fail_after["mem:a"] = TransientError("mem", "read timed out")  # rented, but the answer was lost
     res = await place(await router_over(store, mem))
 
-    assert res.placed and res.job.placement.offer_id == "mem:a" and not res.tries, res.reason
+    assert res.placed and placed_on(res).offer_id == "mem:a" and not res.tries, res.reason
     assert len(mem.launches) == 1 and mem.owned_calls == 1  # found via owned(), not rented twice
     [alloc] = store.allocations(res.job.id)
     assert alloc.state is AllocationState.pending and alloc.resource_ids == list(mem.held)
@@ -132,7 +140,7 @@ async def test_when_owned_cannot_be_read_the_launch_error_stands(store: Store) -
 
     # The first launch may have gone through: its intent is failed, and reconciliation (not the router)
     # settles what it holds. The router moves on.
-    assert res.placed and res.job.placement.offer_id == "mem:b"
+    assert res.placed and placed_on(res).offer_id == "mem:b"
     [t] = res.tries
     assert t.kind == "TransientError" and "read timed out" in t.error
 

@@ -149,3 +149,12 @@ async def submit_and_place(store: Store, router: Router, **spec_fields: object) 
     claimed = await JobLifecycle(store).claim(job.id, "test-worker")
     assert claimed is not None and claimed.state is JobState.placing
     return await router.place(claimed)
+
+
+async def placed_job(store: Store, usd_per_hour: float = 2.0) -> tuple[MemoryProvider, Job, Allocation]:
+    """A job placed (provisioning) on a fresh in-memory market "mem", and its allocation."""
+    mem = MemoryProvider("mem", [offer("mem", "a", usd_per_hour)])
+    res = await submit_and_place(store, await router_over(store, mem))
+    assert res.placed, res.reason
+    [alloc] = store.allocations(res.job.id)
+    return mem, res.job, alloc

@@ -12,7 +12,7 @@ from broker.errors import ProviderError
 from broker.lifecycle import JobLifecycle
 from broker.models import Allocation, AllocationState, Job, JobState
 from broker.store import Store
-from tests.broker.memory import NOW, MemoryProvider, offer, router_over, spec, submit_and_place
+from tests.broker.memory import NOW, MemoryProvider, placed_job, spec
 
 
 class Clock:
@@ -21,15 +21,6 @@ class Clock:
 
     def __call__(self) -> datetime:
         return self.now
-
-
-async def placed(store: Store) -> tuple[MemoryProvider, Job, Allocation]:
-    """A job placed (provisioning) on an in-memory market at $2/h, and its allocation."""
-    mem = MemoryProvider("mem", [offer("mem", "a", 2.0)])
-    res = await submit_and_place(store, await router_over(store, mem))
-    assert res.placed, res.reason
-    [alloc] = store.allocations(res.job.id)
-    return mem, res.job, alloc
 
 
 async def poll(life: JobLifecycle, mem: MemoryProvider, alloc_id: str) -> JobState | None:
@@ -50,7 +41,7 @@ async def test_a_job_is_claimed_once(store: Store) -> None:
 
 
 async def test_running_then_succeeded_moves_the_job_and_charges_the_running_time(store: Store) -> None:
-    mem, job, alloc = await placed(store)
+    mem, job, alloc = await placed_job(store)
     clock = Clock()
     life = JobLifecycle(store, {"mem": mem}, clock=clock)
     mem.set_state(alloc, AllocationState.running)
@@ -73,7 +64,7 @@ async def test_running_then_succeeded_moves_the_job_and_charges_the_running_time
 
 
 async def test_a_failed_allocation_fails_the_job(store: Store) -> None:
-    mem, job, alloc = await placed(store)
+    mem, job, alloc = await placed_job(store)
     life = JobLifecycle(store, {"mem": mem}, clock=Clock())
     mem.set_state(alloc, AllocationState.failed)
     assert await poll(life, mem, alloc.id) is JobState.failed
@@ -81,7 +72,7 @@ async def test_a_failed_allocation_fails_the_job(store: Store) -> None:
 
 
 async def test_a_preempted_allocation_requeues_the_job_and_counts_it(store: Store) -> None:
-    mem, job, alloc = await placed(store)
+    mem, job, alloc = await placed_job(store)
     life = JobLifecycle(store, {"mem": mem}, clock=Clock())
     mem.set_state(alloc, AllocationState.preempted)
     assert await poll(life, mem, alloc.id) is JobState.pending
@@ -93,7 +84,7 @@ async def test_a_preempted_allocation_requeues_the_job_and_counts_it(store: Stor
 
 
 async def test_an_allocation_gone_at_the_provider_requeues_the_job(store: Store) -> None:
-    mem, job, alloc = await placed(store)
+    mem, job, alloc = await placed_job(store)
     life = JobLifecycle(store, {"mem": mem}, clock=Clock())
     mem.held.clear()  # cancelled outside Lockstep
     assert await poll(life, mem, alloc.id) is JobState.pending
@@ -102,7 +93,7 @@ async def test_an_allocation_gone_at_the_provider_requeues_the_job(store: Store)
 
 
 async def test_a_finished_job_still_holding_capacity_gives_it_back(store: Store) -> None:
-    mem, job, alloc = await placed(store)
+    mem, job, alloc = await placed_job(store)
     life = JobLifecycle(store, {"mem": mem}, clock=Clock())
     await life.cancel(job.id, "cancelled by user")
     mem.set_state(alloc, AllocationState.running)
@@ -113,7 +104,7 @@ async def test_a_finished_job_still_holding_capacity_gives_it_back(store: Store)
 
 
 async def test_a_failed_release_is_left_live_for_reconciliation(store: Store) -> None:
-    mem, job, alloc = await placed(store)
+    mem, job, alloc = await placed_job(store)
 
     class Stuck(MemoryProvider):
         async def release(self, alloc: Allocation) -> None:

@@ -12,15 +12,7 @@ from broker.lifecycle import JobLifecycle
 from broker.models import Allocation, AllocationState, Job, JobState, utcnow
 from broker.reconcile import reconcile
 from broker.store import Store
-from tests.broker.memory import NOW, MemoryProvider, clock, offer, router_over, spec, submit_and_place
-
-
-async def placed(store: Store) -> tuple[MemoryProvider, Job, Allocation]:
-    mem = MemoryProvider("mem", [offer("mem", "a", 2.0)])
-    res = await submit_and_place(store, await router_over(store, mem))
-    assert res.placed, res.reason
-    [alloc] = store.allocations(res.job.id)
-    return mem, res.job, alloc
+from tests.broker.memory import NOW, MemoryProvider, clock, placed_job, spec
 
 
 async def claimed(store: Store, job_id: str) -> Job:
@@ -31,7 +23,7 @@ async def claimed(store: Store, job_id: str) -> Job:
 
 
 async def test_a_provider_that_cannot_be_listed_is_left_alone(store: Store) -> None:
-    mem, job, alloc = await placed(store)
+    mem, job, alloc = await placed_job(store)
     mem.held.clear()  # gone, but we cannot know that: the listing fails
     mem.owned_error = TransientError("mem", "listing timed out")
     report = await reconcile(store, {"mem": mem}, clock=clock, exclusive=True)
@@ -41,7 +33,7 @@ async def test_a_provider_that_cannot_be_listed_is_left_alone(store: Store) -> N
 
 
 async def test_what_belongs_to_no_live_job_is_released(store: Store) -> None:
-    mem, job, alloc = await placed(store)
+    mem, job, alloc = await placed_job(store)
     await JobLifecycle(store).cancel(job.id, "cancelled by user")  # its release never happened
     stray = Allocation(id="x", job_id="j-unknown", attempt=1, provider="mem", client_token="t-x",
                        resource_ids=["stray"], state=AllocationState.running)
@@ -87,7 +79,7 @@ async def test_an_intent_whose_launch_went_through_is_adopted(store: Store) -> N
 
 
 async def test_a_second_allocation_of_a_job_is_released_as_a_duplicate(store: Store) -> None:
-    mem, job, alloc = await placed(store)
+    mem, job, alloc = await placed_job(store)
     mem.hold(Allocation(id="p-dup", job_id=job.id, attempt=7, provider="mem", client_token="t-dup",
                         resource_ids=["dup"], state=AllocationState.running))
     report = await reconcile(store, {"mem": mem}, clock=clock, exclusive=True)
@@ -108,8 +100,8 @@ async def test_an_intent_never_acted_on_is_failed_and_its_job_requeued(store: St
 
 
 async def test_jobs_whose_allocation_is_gone_are_requeued(store: Store) -> None:
-    mem, provisioning, alloc1 = await placed(store)
-    mem2, running, alloc2 = await placed(store)
+    mem, provisioning, alloc1 = await placed_job(store)
+    mem2, running, alloc2 = await placed_job(store)
     mem2.set_state(alloc2, AllocationState.running)
     await JobLifecycle(store, {"mem": mem2}, clock=clock).follow(alloc2, AllocationState.running, "", [])
     assert store.get_job(running.id).state is JobState.running

@@ -29,7 +29,7 @@ from broker.models import (
     JobState,
     utcnow,
 )
-from broker.reconcile import reconcile
+from broker.reconcile import ReconcileReport, reconcile
 from broker.router import Placement, Router
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ class Broker:
         self._stop = asyncio.Event()
         self._sem = asyncio.Semaphore(8)
         self._reconciled_at: float | None = None  # loop time of the last reconciliation
+        self.reconciled: tuple[datetime, ReconcileReport] | None = None  # the last completed one (metrics)
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -266,6 +267,7 @@ class Broker:
             return  # the loop's first turn comes right after the start-up pass
         self._reconciled_at = asyncio.get_running_loop().time()
         report = await reconcile(self.store, self.market.providers, clock=self.clock, exclusive=False)
+        self.reconciled = (self.clock(), report)
         if report.released or report.failed_intents or report.requeued or report.to_provisioning:
             log.info("periodic reconciliation: %s", report)
 
@@ -273,6 +275,7 @@ class Broker:
         if reconcile_first:
             await self.market.refresh()
             report = await reconcile(self.store, self.market.providers, clock=self.clock)
+            self.reconciled = (self.clock(), report)
             log.info("reconciliation: %s", report)
         self._reconciled_at = asyncio.get_running_loop().time()
         b = self.settings.broker

@@ -69,6 +69,18 @@ def _read_secret_file(path: str) -> SecretStr:
     return SecretStr(text)
 
 
+def _secret_or_file(inline: SecretStr | None, path: str | None, field: str, inline_name: str) -> SecretStr | None:
+    """A secret given inline, or read from the file its ``*_file`` field names; both is a mistake."""
+    if not path:
+        return inline
+    if inline is not None:
+        raise ValueError(f"{field}: set {inline_name} or {field}, not both")
+    try:
+        return _read_secret_file(path)
+    except ValueError as exc:
+        raise ValueError(f"{field}: {exc}") from None
+
+
 class _Section(BaseModel):
     """A configuration section: a key it does not know is a mistake, not something to ignore."""
 
@@ -168,13 +180,8 @@ class VastConfig(_Section):
 
     @model_validator(mode="after")
     def _key_from_file(self) -> VastConfig:
-        if self.api_key_file:
-            if self.api_key is not None:
-                raise ValueError("api_key_file: set api_key (LOCKSTEP_VAST_API_KEY) or api_key_file, not both")
-            try:
-                self.api_key = _read_secret_file(self.api_key_file)
-            except ValueError as exc:
-                raise ValueError(f"api_key_file: {exc}") from None
+        self.api_key = _secret_or_file(self.api_key, self.api_key_file, "api_key_file",
+                                       "api_key (LOCKSTEP_VAST_API_KEY)")
         return self
 
 
@@ -201,13 +208,8 @@ class TrackerConfig(_Section):
 
     @model_validator(mode="after")
     def _url_from_file(self) -> TrackerConfig:
-        if self.webhook_url_file:
-            if self.webhook_url is not None:
-                raise ValueError("webhook_url_file: set webhook_url or webhook_url_file, not both")
-            try:
-                self.webhook_url = _read_secret_file(self.webhook_url_file)
-            except ValueError as exc:
-                raise ValueError(f"webhook_url_file: {exc}") from None
+        self.webhook_url = _secret_or_file(self.webhook_url, self.webhook_url_file, "webhook_url_file",
+                                           "webhook_url (LOCKSTEP_TRACKER__WEBHOOK_URL)")
         return self
 
 
@@ -278,13 +280,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _db_url_from_file(self) -> Settings:
-        if self.db_url_file:
-            if "db_url" in self.model_fields_set:
-                raise ValueError("db_url_file: set db_url (LOCKSTEP_DB) or db_url_file, not both")
-            try:
-                url = _read_secret_file(self.db_url_file)
-            except ValueError as exc:
-                raise ValueError(f"db_url_file: {exc}") from None
+        inline = SecretStr(self.db_url) if "db_url" in self.model_fields_set else None
+        url = _secret_or_file(inline, self.db_url_file, "db_url_file", "db_url (LOCKSTEP_DB)")
+        if url is not None and self.db_url_file:
             self.db_url = self._db_url(url.get_secret_value())
         return self
 

@@ -21,7 +21,7 @@ from broker.errors import ProviderError
 from broker.lifecycle import BurnInResults, JobLifecycle
 from broker.market import Marketplace
 from broker.models import Allocation, AllocationState, Job, JobState, utcnow
-from broker.reconcile import reconcile
+from broker.reconcile import ReconcileReport, reconcile
 from broker.router import PlacementResult, Router
 
 if TYPE_CHECKING:
@@ -70,6 +70,7 @@ class BrokerLoops:
         self._stop = asyncio.Event()
         self._sem = asyncio.Semaphore(PLACING_AT_ONCE)
         self._reconciled_at: float | None = None  # loop time of the last reconciliation
+        self.reconciled: tuple[datetime, ReconcileReport] | None = None  # the last completed one (metrics)
 
     # ------------------------------------------------------------------ placing
     async def place_pending(self, job_ids: list[str] | None = None) -> list[PlacementResult]:
@@ -166,6 +167,7 @@ class BrokerLoops:
         self._reconciled_at = asyncio.get_running_loop().time()
         report = await reconcile(self.store, self.market.providers, clock=self.clock, exclusive=False,
                                  lifecycle=self.lifecycle)
+        self.reconciled = (self.clock(), report)
         if report.released or report.failed_intents or report.requeued or report.to_provisioning:
             log.info("periodic reconciliation: %s", report)
 
@@ -174,6 +176,7 @@ class BrokerLoops:
         if reconcile_first:
             await self.market.refresh()
             report = await reconcile(self.store, self.market.providers, clock=self.clock, lifecycle=self.lifecycle)
+            self.reconciled = (self.clock(), report)
             log.info("reconciliation: %s", report)
         self._reconciled_at = asyncio.get_running_loop().time()
         b = self.settings.broker

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.config import Settings
 from broker.errors import NotFoundError, ProviderError, SpecError
+from broker.lifecycle import JobLifecycle
 from broker.market import Marketplace, ProviderHealth
 from broker.models import (
     TERMINAL_STATES,
@@ -39,7 +40,7 @@ from policies.ranking import quote as rank_quote
 from providers.base import Provider
 
 if TYPE_CHECKING:
-    from broker.jobs import Broker
+    from broker.loops import BrokerLoops
     from broker.store import Store
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class Lockstep:
         self.quote_observer: Callable[[float], None] | None = None  # metrics hook
         self.job_submitted = asyncio.Event()  # wakes the placement loop early
         self.placement_observer: Callable[[str, str], None] | None = None  # metrics hook: (provider, outcome)
-        self._broker: Broker | None = None
+        self._broker: BrokerLoops | None = None
         self._preemption_rates: dict[tuple[str, str, str], float] = {}
         self._background: list[asyncio.Task[None]] = []
         self._stop_tracker: asyncio.Event | None = None
@@ -106,14 +107,16 @@ class Lockstep:
         return await self.market.refresh()
 
     @property
-    def broker(self) -> Broker:
+    def broker(self) -> BrokerLoops:
         """The placement and polling engine over this service's store and market."""
         if self._broker is None:
-            from broker.jobs import Broker
+            from broker.burnin import collect_burnin, job_stem
+            from broker.loops import BrokerLoops
 
-            self._broker = Broker(self.settings, self.store, self.market, clock=self.clock,
-                                  preemption_rates=self.preemption_rates, on_placed=self.placement_observer,
-                                  wake=self.job_submitted, service=self)
+            self._broker = BrokerLoops(
+                self.settings, self.store, self.market, clock=self.clock, preemption_rates=self.preemption_rates,
+                on_placed=self.placement_observer, wake=self.job_submitted,
+                burn_in=lambda job, alloc: collect_burnin(self, alloc.provider, job_stem(job.id, alloc.attempt)))
         return self._broker
 
     def preemption_rates(self) -> dict[tuple[str, str, str], float]:
@@ -238,7 +241,7 @@ class Lockstep:
         job = await self.get_job(job_id, tenant)
         if job.state in TERMINAL_STATES:
             return job
-        job = await self.db(self.store.transition, job_id, JobState.cancelled, reason)
+        job = await JobLifecycle(self.store).cancel(job_id, reason)
         for alloc in await self.db(self.store.allocations, job_id):
             if alloc.state in (AllocationState.released, AllocationState.failed, AllocationState.succeeded):
                 continue

@@ -1,29 +1,59 @@
-"""Quote latency over a large offer book.
+"""Quote latency over large offer books, each figure beside a reference measured in the same run.
 
 Builds a book of 50,000 offers (the bundled catalog's real offers, replicated
-across synthetic regions, zones, racks and price levels, plus on-prem and
-marketplace nodes), then quotes 1,000 varied job specs against it on one core.
-Prints median and p99 milliseconds per quote and offers evaluated per second.
+across synthetic regions, zones, racks and price levels, plus on-prem,
+marketplace and neo-cloud nodes with today's NVIDIA and AMD parts) the way the
+market does (``OfferBook.build`` from offers, once), and a book of 1,000,000
+offers straight from columns (no Offer objects). On one core it measures:
 
-    python bench/rank.py [--offers 50000] [--jobs 1000] [--seed 7]
+- the issue's job (8 × H100, on-demand or reserved or owned) against
+  *the numpy floor* — a one-pass numpy filter and cheapest pick over the same
+  columns — and against gpuhunt's ``Catalog.query`` when gpuhunt is installed;
+- 1,000 varied jobs (models and families, flexible requests, multi-node,
+  deadlines, data locality) and a ``gpu: any`` job, separately;
+- the same at 1,000,000 offers, and the book's bytes per offer.
+
+Quotes spell out 20 rejections (``max_rejected``: the API's default in
+broker/api/params.py) and count all of them. Each figure is timed in ``--runs``
+runs, interleaved with its reference; min and median over the runs' medians
+are printed.
+
+    python bench/rank.py [--offers 50000] [--big 1000000] [--jobs 1000] [--runs 3] [--seed 7]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import random
 import statistics
+import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
-from broker.models import Colocate, Fabric, IntraNode, Locality, Market, Network, Offer
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from broker.gpus import GPU_SPECS
+from broker.models import Colocate, Fabric, IntraNode, JobSpec, Locality, Market, Network, Offer
 from broker.specs import parse_spec
-from policies.book import OfferBook
+from policies.book import MARKETS, OfferBook
 from policies.ranking import quote
 from providers.catalog import CatalogProvider
 
 NOW = datetime(2026, 11, 29, 12, tzinfo=UTC)
+API_MAX_REJECTED = 20  # broker/api/params.py QuoteParams.max_rejected default
+NEO_GPUS = ("B300", "B200", "GB200", "H200", "H100-SXM", "MI300X", "MI325X", "MI355X", "L40S", "RTX-PRO-6000")
+H100X8 = {"name": "h100x8", "gpu": "H100", "gpus": 8, "markets": ["on_demand", "reserved", "owned"],
+          "workload": {"hours": 24}}
+ANY = {"name": "any-24g", "gpu": "any", "gpus": 1, "min_gpu_memory_gb": 24, "interruptible": True,
+       "workload": {"params_b": 7, "tokens_b": 1}}
 
 
 def synthetic_book(n: int, rng: random.Random) -> list[Offer]:
@@ -45,7 +75,7 @@ def synthetic_book(n: int, rng: random.Random) -> list[Offer]:
                 "locality": Locality(provider="slurm", region="onprem", zone=rng.choice(["gpu", "ib"]), rack=rack),
                 "network": Network(intra=IntraNode.nvlink, fabric=fabric, fabric_gbps=400.0),
             }))
-        elif kind < 0.45:  # marketplace boxes: single node, ethernet
+        elif kind < 0.42:  # marketplace boxes: single node, ethernet
             offers.append(o.model_copy(update={
                 "id": f"syn-vast-{i}", "provider": "vast", "market": rng.choice([Market.on_demand, Market.spot]),
                 "interruptible": rng.random() < 0.3, "max_nodes": 1, "colocation": Colocate.node,
@@ -55,6 +85,18 @@ def synthetic_book(n: int, rng: random.Random) -> list[Offer]:
                 "network": Network(fabric=Fabric.ethernet, fabric_gbps=rng.choice([1.0, 2.5, 10.0]),
                                    inet_down_mbps=rng.uniform(100, 5000)),
             }))
+        elif kind < 0.45:  # neo-clouds: today's NVIDIA and AMD parts, 8 per node, InfiniBand clusters
+            gpu = rng.choice(NEO_GPUS)
+            spec = GPU_SPECS[gpu]
+            offers.append(Offer(
+                id=f"syn-neo-{i}", provider="neo", market=rng.choice([Market.on_demand, Market.reserved]),
+                sku=f"8x{gpu}", gpu=gpu, gpu_count=8, gpu_memory_gb=spec.memory_gb,
+                usd_per_hour=round(8 * spec.tflops_bf16 / 400 * rng.uniform(0.8, 1.4), 2),
+                max_nodes=rng.choice([1, 4, 16, 64]), colocation=Colocate.cluster,
+                locality=Locality(provider="neo", region=rng.choice(["us-east", "us-west", "eu"]),
+                                  cluster=f"c{rng.randint(1, 20)}"),
+                network=Network(intra=IntraNode.nvlink, fabric=Fabric.infiniband, fabric_gbps=3200.0),
+            ))
         else:  # cloud offers in more zones and price levels
             offers.append(o.model_copy(update={
                 "id": f"syn-{o.provider}-{i}",
@@ -65,16 +107,34 @@ def synthetic_book(n: int, rng: random.Random) -> list[Offer]:
     return offers[:n]
 
 
-def job_specs(n: int, rng: random.Random) -> list:
-    gpus_choices = [["H100", "H200"], ["A100"], ["L40S", "A10G", "L4"], ["RTX-4090", "RTX-3090"], ["H100"],
-                    ["A100", "H100"], ["T4"], ["V100"]]
+def grow(book: OfferBook, n: int, rng: np.random.Generator) -> OfferBook:
+    """A book of ``n`` offers from ``book``'s columns, tiled with new ids and jittered prices:
+    made from columns alone, as a book of a million offers must be (no Offer objects)."""
+    reps = -(-n // len(book))
+    pick = lambda a: np.tile(a, reps)[:n]  # noqa: E731
+    data: dict[str, Any] = {"id": [f"{i}~{k}" for k in range(reps) for i in book.ids][:n], "codes": book.codes}
+    for name in book.codes:
+        data[name] = pick(book[name])
+    for name in ("gpu_count", "market", "gpu_mem", "divisible", "interruptible", "max_nodes", "coloc", "fabric",
+                 "fabric_gbps", "intra", "tflops", "measured", "fabric_lat", "reliability", "stale", "egress",
+                 "queue", "inet_down_mbps", "observed_at"):
+        data[name] = pick(book[name])
+    data["price"] = pick(book["price"]) * rng.uniform(0.8, 1.2, n)
+    return OfferBook.from_columns(data)
+
+
+def job_specs(n: int, rng: random.Random) -> list[JobSpec]:
+    gpus_choices: list[Any] = [["H100", "H200"], ["A100"], ["L40S", "A10G", "L4"], ["RTX-4090", "RTX-3090"],
+                               ["H100"], ["A100", "H100"], ["T4"], ["V100"], ["B200", "B300", "GB200"],
+                               ["MI300X", "MI325X"], "any"]
     specs = []
     for i in range(n):
         gpn = rng.choice([1, 2, 4, 8])
         nodes = rng.choice([1, 1, 1, 2, 4, 8]) if gpn == 8 else 1
         multi = nodes > 1
-        data = {
-            "name": f"bench-{i}", "gpu": rng.choice(gpus_choices), "gpus": gpn * nodes, "gpus_per_node": gpn,
+        gpu = rng.choice(gpus_choices)
+        data: dict[str, Any] = {
+            "name": f"bench-{i}", "gpu": gpu, "gpus": gpn * nodes, "gpus_per_node": gpn,
             "fabric": rng.choice(["rdma", "infiniband", "efa"]) if multi else "any",
             "colocate": rng.choice(["cluster", "rack", "zone"]) if multi else "any",
             "interruptible": rng.random() < 0.4,
@@ -82,6 +142,8 @@ def job_specs(n: int, rng: random.Random) -> list:
             "workload": rng.choice([{"params_b": rng.choice([1, 7, 13, 70]), "tokens_b": rng.choice([1, 10, 50])},
                                     {"reference_gpu_hours": rng.uniform(1, 500)}, {"hours": rng.uniform(1, 200)}]),
         }
+        if gpu == "any":
+            data["min_gpu_memory_gb"] = rng.choice([16, 24, 48, 80])
         if rng.random() < 0.3:
             data["max_usd_per_hour"] = rng.choice([1, 5, 50, 500])
         if rng.random() < 0.3:
@@ -93,14 +155,112 @@ def job_specs(n: int, rng: random.Random) -> list:
     return specs
 
 
+def floor_h100x8(book: OfferBook) -> Callable[[], int]:
+    """The reference: one pass of numpy over the same columns — GPU model, GPUs per node, market, not
+    interruptible — and the cheapest row. What any quote must at least do, with nothing explained."""
+    gpu_ok = np.zeros(max(len(book.gpus), 1), dtype=bool)
+    gpu_ok[book.gpu_codes(("H100-SXM", "H100-NVL", "H100-PCIe"))] = True
+    market_ok = np.array([m in (Market.on_demand, Market.reserved, Market.owned) for m in MARKETS])
+    gpu, count, market, spot, price = (book[c] for c in ("gpu", "gpu_count", "market", "interruptible", "price"))
+
+    def run() -> int:
+        mask = gpu_ok[gpu] & (count >= 8) & market_ok[market] & ~spot
+        return int(np.argmin(np.where(mask, price, np.inf)))
+
+    return run
+
+
+def gpuhunt_query(offers: list[Offer]) -> tuple[Callable[[], Any], Callable[[], Any]] | None:
+    """gpuhunt's Catalog.query over the same offers (as one offline catalog), when gpuhunt is installed."""
+    try:
+        from gpuhunt import AcceleratorVendor, Catalog, CatalogItem
+        from gpuhunt._internal.catalog import ProviderCatalog
+    except ImportError:
+        return None
+    items = sorted((CatalogItem(
+        provider="aws", instance_name=o.sku, location=o.locality.zone or o.locality.region, price=o.usd_per_hour,
+        cpu=o.vcpus, memory=o.ram_gb, gpu_count=o.gpu_count, gpu_name=o.gpu.split("-")[0],
+        gpu_memory=o.gpu_memory_gb, spot=o.interruptible, disk_size=o.disk_gb,
+        gpu_vendor=AcceleratorVendor.AMD if o.gpu.startswith("MI") else AcceleratorVendor.NVIDIA) for o in offers),
+        key=lambda i: i.price)
+    catalog = Catalog(balance_resources=False, auto_reload=False)
+    catalog.catalog["aws"] = ProviderCatalog(version="bench", items=items)
+    catalog.loaded_at = time.monotonic()
+    return (lambda: catalog.query(provider="aws", gpu_name="H100", min_gpu_count=8, spot=False),
+            lambda: catalog.query(provider="aws", gpu_name="H100", min_gpu_count=8))
+
+
+@dataclass
+class Figure:
+    label: str
+    runs: list[float]  # per run: median ms
+
+    @property
+    def text(self) -> str:
+        return f"min {min(self.runs):.3f} / median {statistics.median(self.runs):.3f} ms"
+
+
+def timed(fn: Callable[[], Any], repeat: int) -> float:
+    """Median milliseconds of ``repeat`` calls."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def measure(named: dict[str, tuple[Callable[[], Any], int]], runs: int) -> dict[str, Figure]:
+    """Each callable timed in every run, interleaved, after one warm-up call."""
+    for fn, _ in named.values():
+        fn()
+    out = {k: Figure(k, []) for k in named}
+    for _ in range(runs):
+        for k, (fn, repeat) in named.items():
+            out[k].runs.append(timed(fn, repeat))
+    return out
+
+
+def varied(book: OfferBook, specs: list[JobSpec], shown: int) -> Callable[[], list[float]]:
+    """Quote every spec; returns the per-quote milliseconds (the run's median is what is reported)."""
+    def run() -> list[float]:
+        times = []
+        for s in specs:
+            start = time.perf_counter()
+            quote(book, s, now=NOW, max_rejected=shown)
+            times.append((time.perf_counter() - start) * 1000)
+        return times
+    return run
+
+
+def varied_figures(book: OfferBook, specs: list[JobSpec], runs: int, shown: int) -> tuple[Figure, Figure, int]:
+    varied(book, specs[:20], shown)()
+    medians, p99s = [], []
+    for _ in range(runs):
+        times = sorted(varied(book, specs, shown)())
+        medians.append(statistics.median(times))
+        p99s.append(times[max(int(len(times) * 0.99) - 1, 0)])
+    feasible = sum(bool(quote(book, s, now=NOW, max_rejected=0).options) for s in specs)
+    return Figure("varied", medians), Figure("p99", p99s), feasible
+
+
+def ratio(a: Figure, b: Figure) -> str:
+    return f"{statistics.median(a.runs) / statistics.median(b.runs):.1f}×"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--offers", type=int, default=50_000)
+    ap.add_argument("--big", type=int, default=1_000_000, help="offers in the large book (0: skip it)")
     ap.add_argument("--jobs", type=int, default=1_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=200, help="calls per run for single-job figures")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--max-rejected", type=int, default=100, help="rejections spelled out per quote (API default)")
+    ap.add_argument("--max-rejected", type=int, default=API_MAX_REJECTED,
+                    help=f"rejections spelled out per quote (the API's default is {API_MAX_REJECTED})")
     args = ap.parse_args()
     rng = random.Random(args.seed)
+    shown = args.max_rejected
 
     t0 = time.perf_counter()
     offers = synthetic_book(args.offers, rng)
@@ -108,26 +268,55 @@ def main() -> None:
     book = OfferBook.build(offers)
     t2 = time.perf_counter()
     specs = job_specs(args.jobs, rng)
+    h100, anyjob = parse_spec(H100X8), parse_spec(ANY)
+    gc.collect()
+    print(f"offers in book:              {len(book):,} in {len(book.groups):,} index groups "
+          f"(generation {t1 - t0:.2f} s; OfferBook.build {t2 - t1:.2f} s, once per market refresh)")
+    print(f"rejections written out:      {shown} per quote (all counted)")
 
-    for s in specs[:20]:  # warm-up
-        quote(book, s, now=NOW, max_rejected=args.max_rejected)
-    times = []
-    feasible = 0
-    for s in specs:
-        start = time.perf_counter()
-        q = quote(book, s, now=NOW, max_rejected=args.max_rejected)
-        times.append((time.perf_counter() - start) * 1000)
-        feasible += bool(q.options)
-    times.sort()
-    median = statistics.median(times)
-    p99 = times[int(len(times) * 0.99) - 1]
-    print(f"offers in book:              {len(book):,}")
-    print(f"book generation:             {t1 - t0:.2f} s; columnar build: {t2 - t1:.2f} s")
-    print(f"job specs quoted:            {len(specs):,} ({feasible} with options)")
-    print(f"quote latency median:        {median:.2f} ms")
-    print(f"quote latency p99:           {p99:.2f} ms")
-    print(f"offers evaluated per second: {len(book) * len(specs) / (sum(times) / 1000):,.0f}")
-    print("target: median <= 10 ms per quote on one core")
+    named: dict[str, tuple[Callable[[], Any], int]] = {
+        "quote": (lambda: quote(book, h100, now=NOW, max_rejected=shown), args.repeat),
+        "floor": (floor_h100x8(book), args.repeat),
+        "any": (lambda: quote(book, anyjob, now=NOW, max_rejected=shown), args.repeat // 4 or 1),
+    }
+    hunt = gpuhunt_query(offers)
+    if hunt is not None:
+        named["gpuhunt"] = (hunt[0], 5)
+        named["gpuhunt_any"] = (hunt[1], 5)
+    f = measure(named, args.runs)
+    print(f"\n{len(book):,} offers, one core, min / median over {args.runs} runs of each run's median:")
+    print(f"  quote 8 × H100 (top 10):   {f['quote'].text}")
+    print(f"  numpy floor, same job:     {f['floor'].text}   quote / floor = {ratio(f['quote'], f['floor'])}"
+          "  (target ≤ 5×; quote target ≤ 0.5 ms)")
+    if hunt is not None:
+        print(f"  gpuhunt Catalog.query:     {f['gpuhunt'].text} on-demand, {f['gpuhunt_any'].text} any market;"
+              f"  gpuhunt / quote = {ratio(f['gpuhunt'], f['quote'])}")
+    else:
+        print("  gpuhunt Catalog.query:     not measured (pip install gpuhunt)")
+    print(f"  `gpu: any` ≥ 24 GB, 1 GPU: {f['any'].text}   (every model is a candidate: no index shortcut)")
+    med, p99, feasible = varied_figures(book, specs, args.runs, shown)
+    print(f"  {len(specs):,} varied jobs:         median {med.text}; p99 {p99.text} ({feasible} with options)")
+    print(f"  offers evaluated per second: {len(book) / (statistics.median(med.runs) / 1000):,.0f} (varied, median)")
+    del offers, named, hunt
+    gc.collect()
+
+    if args.big:
+        t0 = time.perf_counter()
+        big = grow(book, args.big, np.random.default_rng(args.seed))
+        t1 = time.perf_counter()
+        per_offer = big.nbytes() / len(big)
+        print(f"\n{len(big):,} offers from columns (no Offer objects; built in {t1 - t0:.1f} s), "
+              f"{per_offer:,.0f} bytes per offer in the book (target ≤ 1,024):")
+        fb = measure({
+            "quote": (lambda: quote(big, h100, now=NOW, max_rejected=shown), max(args.repeat // 10, 3)),
+            "floor": (floor_h100x8(big), max(args.repeat // 10, 3)),
+            "any": (lambda: quote(big, anyjob, now=NOW, max_rejected=shown), 3),
+        }, args.runs)
+        print(f"  quote 8 × H100:            {fb['quote'].text}   (target ≤ 10 ms)")
+        print(f"  numpy floor, same job:     {fb['floor'].text}   quote / floor = {ratio(fb['quote'], fb['floor'])}")
+        print(f"  `gpu: any` ≥ 24 GB:        {fb['any'].text}")
+        bmed, bp99, _ = varied_figures(big, specs[: max(len(specs) // 10, 10)], args.runs, shown)
+        print(f"  {max(len(specs) // 10, 10):,} varied jobs:          median {bmed.text}; p99 {bp99.text}")
 
 
 if __name__ == "__main__":

@@ -15,11 +15,12 @@ import httpx
 from pydantic import SecretStr, TypeAdapter
 
 from broker.errors import ConflictError, LockstepError, NotFoundError, SpecError
-from broker.models import Job, JobState, Offer, Quote
+from broker.models import GpuSummary, Job, JobState, Offer, Quote
 from policies.offers import OfferFilter
 
 ALL_REJECTED = 1_000_000  # the API's cap on spelled-out rejections: "all of them"
 _OFFERS = TypeAdapter(list[Offer])
+_GPUS = TypeAdapter(list[GpuSummary])
 
 
 class RemoteError(LockstepError):
@@ -101,6 +102,9 @@ class RemoteBackend:
             params.append(("limit", str(limit)))
         resp = await self._call("GET", "/v1/offers", params=params)
         return _OFFERS.validate_json(resp.content)
+
+    async def gpus(self) -> list[GpuSummary]:
+        return _GPUS.validate_json((await self._call("GET", "/v1/gpus")).content)
 
     async def submit(self, spec_data: dict, idempotency_key: str | None) -> Job:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None

@@ -26,12 +26,16 @@ class LockstepError(Exception):
 
 
 class SpecError(LockstepError):
-    """Bad input: names the field and the reason."""
+    """Bad input: names the field and the reason; ``errors`` has every (field, reason) when there are several."""
 
-    def __init__(self, field: str, reason: str) -> None:
+    def __init__(self, field: str, reason: str, errors: list[tuple[str, str]] | None = None) -> None:
+        self.errors = errors or [(field, reason)]
         self.field = field
         self.reason = reason
-        super().__init__(f"{field}: {reason}" if field else reason)
+        text = "; ".join(f"{f}: {r}" if f else r for f, r in self.errors)
+        # What follows the first field's name: the reason, then the other fields' errors.
+        self.detail = text[len(field) + 2:] if field else text
+        super().__init__(text)
 
 
 class NotFoundError(LockstepError):

@@ -56,6 +56,7 @@ class Marketplace:
         self._offers: dict[str, list[Offer]] = {name: [] for name in self.providers}
         self._health: dict[str, ProviderHealth] = {name: ProviderHealth(name=name) for name in self.providers}
         self._book: OfferBook | None = None
+        self._base_book: OfferBook | None = None  # columns and index, built once per refresh
         self._snapshot: list[Offer] | None = None  # merged offers of the last refresh
         self._by_id: dict[str, Offer] = {}
         self._book_key: object = None
@@ -93,7 +94,7 @@ class Marketplace:
                 except Exception:  # benchmarks and risk improve quotes; they never fail a refresh
                     log.exception("after-refresh hook")
             self.refreshed_at = self.clock()
-            self._book = None
+            self._book = self._base_book = None
             self._snapshot = None
         return self.health()
 
@@ -147,12 +148,14 @@ class Marketplace:
         unhealthy_hosts: Mapping[tuple[str, str], str] | None = None,
         preemption_rates: Mapping[tuple[str, str, str], float] | None = None,
     ) -> OfferBook:
-        """The columnar book of the current snapshot, rebuilt only when the inputs changed."""
+        """The columnar book of the current snapshot: built once per refresh; node health and spot
+        risk are swapped in (two columns) when they change."""
         key = (self.refreshed_at, tuple(sorted((unhealthy_hosts or {}).items())),
                tuple(sorted((preemption_rates or {}).items())))
+        if self._base_book is None:
+            self._base_book = OfferBook.build(self.offers())
         if self._book is None or key != self._book_key:
-            self._book = OfferBook.build(self.offers(), unhealthy_hosts=unhealthy_hosts,
-                                         preemption_rates=preemption_rates)
+            self._book = self._base_book.with_health(unhealthy_hosts, preemption_rates)
             self._book_key = key
         return self._book
 

@@ -13,11 +13,11 @@ import json
 import re
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from broker.gpus import GPU_SPECS, accepted_models
+from broker.gpus import GPU_SPECS, Runtime, normalise_gpu, resolve_request
 
 
 def utcnow() -> datetime:
@@ -232,38 +232,78 @@ class Offer(BaseModel):
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+# A relative deadline further out than this is a typo (and 999999999d overflows every date type).
+MAX_DURATION = timedelta(days=3660)
+# Absolute deadlines outside these years are typos too; inside them, date arithmetic cannot overflow.
+DEADLINE_YEARS = (1970, 9000)
+DEFAULT_CUDA_IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
+DEFAULT_ROCM_IMAGE = "rocm/pytorch:latest"
 
 
 def parse_duration(text: str) -> timedelta:
-    """'90m', '36h', '7d' → timedelta; ValueError otherwise."""
+    """'90m', '36h', '7d' → timedelta; ValueError otherwise (also beyond ``MAX_DURATION``)."""
     m = _DURATION_RE.match(str(text))
     if not m:
         raise ValueError(f"not a duration: {text!r} (use e.g. 90m, 36h, 7d)")
-    return timedelta(seconds=float(m.group(1)) * _DURATION_UNITS[m.group(2)])
+    seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    if not seconds <= MAX_DURATION.total_seconds():  # also catches inf from a 400-digit number
+        raise ValueError(f"{str(text).strip()[:40]!r} is longer than {MAX_DURATION.days} days")
+    return timedelta(seconds=seconds)
 
 
-class DataSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FieldError(ValueError):
+    """A validator's error about a named field (a model validator's own errors have no location)."""
 
-    location: str = Field(
-        default="", description="Where the data lives: 'aws:us-east-1', 'onprem', 'vast', '' for nowhere"
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(reason)
+
+
+def _clean_text(value: str) -> str:
+    """Text every database takes: no NUL (pydantic itself refuses lone surrogates, invalid UTF-8)."""
+    if "\x00" in value:
+        raise ValueError("NUL characters are not allowed")
+    return value
+
+
+def _text(max_length: int) -> Any:
+    return Annotated[str, Field(max_length=max_length), AfterValidator(_clean_text)]
+
+
+Text64, Text256, Text1k = _text(64), _text(256), _text(1024)
+
+
+class SpecModel(BaseModel):
+    """Base of the models users write: unknown fields are errors, numbers are finite, text is clean."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, allow_inf_nan=False)
+
+
+class DataSpec(SpecModel):
+    location: Text256 = Field(
+        default="", description="Where the data lives: 'SITE:REGION' as offers name their site (e.g. "
+        "'aws:us-east-1'), 'onprem' for the owned market, '' for nowhere"
     )
-    size_gb: float = Field(default=0.0, ge=0)
+    size_gb: float = Field(default=0.0, ge=0, le=1e9)
+    egress_usd_per_gb: float | None = Field(
+        default=None, ge=0, le=1000,
+        description="what moving a GB out of the data's site costs (default: what offers at that site declare)",
+    )
 
 
-class Workload(BaseModel):
+class Workload(SpecModel):
     """How much work: GPU-hours on a reference GPU, or parameters × tokens (6·P·T FLOPs)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    reference_gpu_hours: float | None = Field(default=None, gt=0)
-    reference_gpu: str = "A100-SXM-80GB"
-    params_b: float | None = Field(default=None, gt=0, description="model parameters, billions")
-    tokens_b: float | None = Field(default=None, gt=0, description="training tokens, billions")
-    hours: float | None = Field(default=None, gt=0, description="wall-clock hours, for services")
-    steps: int | None = Field(default=None, gt=0, description="optimizer steps (default: tokens/batch)")
-    global_batch_tokens_m: float | None = Field(default=None, gt=0, description="global batch, M tokens")
-    grad_bytes_per_param: float = Field(default=2.0, gt=0, description="bytes all-reduced per param")
+    reference_gpu_hours: float | None = Field(default=None, gt=0, le=1e9)
+    reference_gpu: Text64 = "A100-SXM-80GB"
+    params_b: float | None = Field(default=None, gt=0, le=1e6, description="model parameters, billions")
+    tokens_b: float | None = Field(default=None, gt=0, le=1e9, description="training tokens, billions")
+    hours: float | None = Field(default=None, gt=0, le=1e6, description="wall-clock hours, for services")
+    steps: int | None = Field(default=None, gt=0, le=10**12,
+                              description="optimizer steps (default: tokens/batch)")
+    global_batch_tokens_m: float | None = Field(default=None, gt=0, le=1e6, description="global batch, M tokens")
+    grad_bytes_per_param: float = Field(default=2.0, gt=0, le=64, description="bytes all-reduced per param")
 
     @model_validator(mode="after")
     def _one_size(self) -> Workload:
@@ -276,47 +316,95 @@ class Workload(BaseModel):
             raise ValueError("params_b and tokens_b go together")
         if not any(given):
             raise ValueError("give reference_gpu_hours, params_b with tokens_b, or hours")
-        if self.reference_gpu not in GPU_SPECS:
-            raise ValueError(f"unknown reference GPU {self.reference_gpu!r}")
+        ref = normalise_gpu(self.reference_gpu)
+        if ref is None:
+            raise FieldError("reference_gpu", f"unknown reference GPU {self.reference_gpu!r}")
+        self.reference_gpu = ref
         return self
 
 
-class JobSpec(BaseModel):
+def _split_gpu_request(items: list[Any]) -> tuple[list[Any], set[int]]:
+    """SkyPilot's 'H100:8' shorthand: the names, and the GPU counts the items gave."""
+    names: list[Any] = []
+    counts: set[int] = set()
+    for item in items:
+        if isinstance(item, str) and ":" in item:
+            name, _, count = item.rpartition(":")
+            count = count.strip()
+            if not (count.isdecimal() and len(count) <= 7 and 0 < int(count) <= MAX_GPUS):
+                raise FieldError("gpu", f"{item[:60]!r}: use MODEL:COUNT with 1 to {MAX_GPUS} GPUs, e.g. H100:8")
+            names.append(name.strip())
+            counts.add(int(count))
+        else:
+            names.append(item)
+    return names, counts
+
+
+MAX_GPUS = 100_000
+
+
+class JobSpec(SpecModel):
     """What a user submits (YAML or JSON)."""
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
-
     name: str
-    gpu: list[str] = Field(min_length=1, description="accepted GPU models or families, e.g. [H100, H200]")
-    gpus: int = Field(gt=0, le=100_000, description="total GPUs")
+    gpu: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="accepted GPU models or families, e.g. [H100, H200]; 'H100:8' also sets gpus; "
+        "omitted, [] or 'any': any model that meets the other constraints",
+    )
+    gpus: int = Field(gt=0, le=MAX_GPUS, description="total GPUs")
     gpus_per_node: int | None = Field(default=None, gt=0, le=16)
-    min_gpu_memory_gb: float = Field(default=0.0, ge=0)
+    min_gpu_memory_gb: float = Field(default=0.0, ge=0, le=10_000)
     fabric: FabricNeed = FabricNeed.any
-    min_fabric_gbps: float = Field(default=0.0, ge=0)
+    min_fabric_gbps: float = Field(default=0.0, ge=0, le=1e6)
     colocate: Colocate = Colocate.any
     data: DataSpec = Field(default_factory=DataSpec)
     workload: Workload
-    markets: list[Market] = Field(default_factory=lambda: list(Market), min_length=1)
-    providers: list[str] | None = None
-    regions: list[str] | None = None
-    max_usd_per_hour: float | None = Field(default=None, gt=0)
-    max_total_usd: float | None = Field(default=None, gt=0)
+    markets: list[Market] = Field(default_factory=lambda: list(Market), min_length=1, max_length=16)
+    providers: list[Text64] | None = Field(default=None, max_length=64)
+    regions: list[Text64] | None = Field(default=None, max_length=256)
+    max_usd_per_hour: float | None = Field(default=None, gt=0, le=1e9)
+    max_total_usd: float | None = Field(default=None, gt=0, le=1e12)
     deadline: datetime | None = None
-    deadline_in: str | None = Field(default=None, description="deadline relative to submission, e.g. 48h")
+    deadline_in: str | None = Field(default=None, max_length=64,
+                                    description="deadline relative to submission, e.g. 48h")
     interruptible: bool = Field(default=False, description="tolerates preemption (checkpoints and resumes)")
-    checkpoint_minutes: float = Field(default=30.0, gt=0)
+    checkpoint_minutes: float = Field(default=30.0, gt=0, le=1e6)
     min_reliability: float = Field(default=0.0, ge=0, le=1)
     onprem_only: bool = False
     cloud_ok: bool = True
-    image: str = "nvcr.io/nvidia/pytorch:24.05-py3"
-    command: str = ""
-    disk_gb: float = Field(default=100.0, ge=0)
-    labels: dict[str, str] = Field(default_factory=dict)
+    runtime: Runtime | None = Field(
+        default=None, description="GPU software stack the image needs: cuda (NVIDIA), rocm (AMD) or any; "
+        "default: read from the image name, or from the GPU models when no image is given",
+    )
+    image: Text1k = DEFAULT_CUDA_IMAGE
+    command: Annotated[str, Field(max_length=65_536), AfterValidator(_clean_text)] = ""
+    disk_gb: float = Field(default=100.0, ge=0, le=1e7)
+    labels: dict[Text64, Text256] = Field(default_factory=dict, max_length=64)
     burn_in: bool = Field(
         default=False,
         description="on Slurm, run the node probe before the command; an unhealthy node is drained and the job "
         "placed elsewhere",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpu_shorthand(cls, data: Any) -> Any:
+        """``gpu: H100:8`` is ``gpu: [H100], gpus: 8`` (SkyPilot's spelling)."""
+        if not isinstance(data, dict):
+            return data
+        raw = data.get("gpu")
+        items = [raw] if isinstance(raw, str) else raw
+        if not isinstance(items, list) or not any(isinstance(i, str) and ":" in i for i in items):
+            return data
+        names, counts = _split_gpu_request(items)
+        if len(counts) > 1:
+            raise FieldError("gpu", f"the models ask for different GPU counts ({sorted(counts)})")
+        count = counts.pop()
+        given = data.get("gpus")
+        if given is not None and given != count and str(given).strip() != str(count):
+            raise FieldError("gpus", f"gpu asks for {count} GPUs, gpus says {given!r}")
+        return {**data, "gpu": names, "gpus": count}
 
     @field_validator("name")
     @classmethod
@@ -328,17 +416,18 @@ class JobSpec(BaseModel):
     @field_validator("gpu", mode="before")
     @classmethod
     def _gpu_list(cls, v: Any) -> Any:
+        if v is None:
+            return []
         return [v] if isinstance(v, str) else v
 
     @field_validator("gpu")
     @classmethod
     def _gpu_known(cls, v: list[str]) -> list[str]:
+        if any(name.strip().lower() == "any" for name in v):
+            return []
         out: list[str] = []
         for name in v:
-            models = accepted_models(name)
-            if models is None:
-                known = ", ".join(sorted(GPU_SPECS))
-                raise ValueError(f"unknown GPU model {name!r} (known: {known}, or a family like A100, H100)")
+            models = resolve_request(name.strip())  # ValueError for a name that is not a GPU model's
             out.extend(m for m in models if m not in out)
         return out
 
@@ -352,23 +441,46 @@ class JobSpec(BaseModel):
     @field_validator("deadline")
     @classmethod
     def _deadline_tz(cls, v: datetime | None) -> datetime | None:
-        if v is not None and v.tzinfo is None:
-            v = v.replace(tzinfo=UTC)
-        return v
+        if v is None:
+            return v
+        if not DEADLINE_YEARS[0] <= v.year <= DEADLINE_YEARS[1]:
+            raise ValueError(f"a deadline between the years {DEADLINE_YEARS[0]} and {DEADLINE_YEARS[1]}")
+        return v.replace(tzinfo=UTC) if v.tzinfo is None else v
 
     @model_validator(mode="after")
     def _shape(self) -> JobSpec:
         if self.gpus_per_node is None:
             self.gpus_per_node = self.gpus if self.gpus <= 8 else 8
         if self.gpus % self.gpus_per_node:
-            raise ValueError(
-                f"gpus ({self.gpus}) must be a multiple of gpus_per_node ({self.gpus_per_node})"
+            raise FieldError(
+                "gpus_per_node", f"gpus ({self.gpus}) must be a multiple of gpus_per_node ({self.gpus_per_node})"
             )
-        if self.onprem_only and not self.cloud_ok:
-            pass  # consistent: both say "stay on-prem"
         if self.deadline is not None and self.deadline_in is not None:
-            raise ValueError("give deadline or deadline_in, not both")
+            raise FieldError("deadline", "give deadline or deadline_in, not both")
+        self._resolve_runtime()
         return self
+
+    def _resolve_runtime(self) -> None:
+        """Which GPU stack the job needs: said, read from the image, or (no image given) from the GPUs."""
+        image_given = "image" in self.model_fields_set
+        from_image = runtime_of_image(self.image) if image_given else None
+        if self.runtime is not None:
+            if from_image not in (None, self.runtime) and self.runtime is not Runtime.any:
+                raise FieldError("runtime", f"the image {self.image[:80]!r} is built for {from_image.value}, "
+                                            f"not {self.runtime.value}")
+        elif image_given:
+            self.runtime = from_image or Runtime.any
+        else:
+            vendors = {GPU_SPECS[m].runtime for m in self.gpu if m in GPU_SPECS}
+            self.runtime = Runtime.rocm if vendors == {Runtime.rocm} else Runtime.cuda
+        if not image_given and self.runtime is Runtime.rocm:
+            self.image = DEFAULT_ROCM_IMAGE
+        known = [GPU_SPECS[m].runtime for m in self.gpu if m in GPU_SPECS]
+        # Every model asked for is known and none runs the job's stack: no offer could ever fit.
+        if self.runtime is not Runtime.any and known and len(known) == len(self.gpu) and self.runtime not in known:
+            needs = "/".join(sorted({r.value for r in known}))
+            raise FieldError("runtime", f"{', '.join(self.gpu[:4])} need(s) {needs}; the job's image is built for "
+                                        f"{self.runtime.value} (set image or runtime)")
 
     @property
     def nodes(self) -> int:
@@ -386,6 +498,16 @@ class JobSpec(BaseModel):
         """Stable hash of the normalised spec (idempotency, dedup)."""
         blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def runtime_of_image(image: str) -> Runtime | None:
+    """The GPU stack an image name says it is built for, or None when the name does not say."""
+    name = image.lower()
+    if "rocm" in name:
+        return Runtime.rocm
+    if any(word in name for word in ("cuda", "nvidia", "nvcr.io", "cudnn")):
+        return Runtime.cuda
+    return None
 
 
 # --------------------------------------------------------------------------- quotes
@@ -440,8 +562,34 @@ class Quote(BaseModel):
     options: list[QuoteOption]
     rejected: list[Rejection] = Field(default_factory=list)
     rejected_counts: dict[str, int] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list,
+                             description="what the job asks for that no market offers, e.g. 'no market offers B300'")
     offers_considered: int = 0
     at: datetime = Field(default_factory=utcnow)
+
+
+class GpuMarketSummary(BaseModel):
+    """One GPU model in one market kind: how much is on offer, where, and the $/GPU-hour range."""
+
+    market: Market
+    offers: int
+    gpus: int = Field(description="GPUs across these offers, one node each")
+    min_usd_per_gpu_hour: float
+    max_usd_per_gpu_hour: float
+    providers: list[str]
+    regions: list[str]
+
+
+class GpuSummary(BaseModel):
+    """A GPU model as the current book offers it (``lockstep gpus``, ``GET /v1/gpus``)."""
+
+    gpu: str
+    vendor: str = Field(description="nvidia, amd, or '' for a model outside Lockstep's GPU table")
+    memory_gb: float
+    offers: int
+    gpus: int
+    regions: list[str]
+    markets: list[GpuMarketSummary]
 
 
 # --------------------------------------------------------------------------- jobs

@@ -51,6 +51,10 @@ MFU = 0.40  # model FLOP utilisation a well-tuned dense training job reaches
 BUCKET_BYTES = 25e6  # DDP's default gradient bucket
 DEFAULT_BATCH_TOKENS = 4e6  # global batch for LLM pre-training when the spec does not say
 DEFAULT_DOWNLOAD_GBPS = 10.0  # when an offer does not report its internet bandwidth
+# The least GPU memory full-parameter training keeps per parameter: bf16 weights, fully sharded over
+# the job's GPUs (ZeRO-3 / FSDP) with gradients and optimizer state elsewhere. A floor, not an estimate:
+# an offer below it cannot run the job at all, however cheap its GPU-hour.
+MIN_TRAIN_BYTES_PER_PARAM = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,13 @@ def step_shape(w: Workload) -> StepShape:
         batch = (w.global_batch_tokens_m or DEFAULT_BATCH_TOKENS / 1e6) * 1e6
         steps = float(w.steps or tokens / batch)
     return StepShape(flops, steps if grad_bytes > 0 else 0.0, grad_bytes, w.hours or 0.0)
+
+
+def min_gpu_memory_gb(w: Workload, gpus: int) -> float:
+    """GPU memory per GPU below which a training workload cannot run (0 when the spec gives no model size)."""
+    if w.params_b is None or w.tokens_b is None:
+        return 0.0
+    return w.params_b * MIN_TRAIN_BYTES_PER_PARAM / max(gpus, 1)  # params_b × 1e9 × bytes / 1e9 per GB
 
 
 def compute_seconds(shape: StepShape, gpus: float, tflops_per_gpu: np.ndarray | float) -> np.ndarray | float:

@@ -23,6 +23,7 @@ from broker.models import (
     TERMINAL_STATES,
     Allocation,
     AllocationState,
+    GpuSummary,
     Job,
     JobSpec,
     JobState,
@@ -34,7 +35,7 @@ from broker.models import (
     utcnow,
 )
 from broker.registry import build_providers
-from policies.offers import OfferFilter, select
+from policies.offers import OfferFilter, gpu_summary, select
 from policies.ranking import quote as rank_quote
 from providers.base import Provider
 
@@ -199,6 +200,13 @@ class Lockstep:
     async def offers(self, f: OfferFilter, limit: int | None = None) -> list[Offer]:
         await self.ensure_offers()
         return select(self.market.offers(), f, limit)
+
+    async def gpus(self, models: list[str] | None = None) -> list[GpuSummary]:
+        """Per GPU model in the current book: markets, regions, units and $/GPU-hour ranges."""
+        await self.ensure_offers()
+        book = self.market.book(unhealthy_hosts=await self.unhealthy_nodes(),
+                                preemption_rates=self.preemption_rates())
+        return gpu_summary(book, models)
 
     def providers_health(self) -> dict[str, ProviderHealth]:
         return self.market.health()

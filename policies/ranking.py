@@ -4,6 +4,9 @@ expected cost = job $/h × (compute + communication + data transfer + preemption
 losses) + data egress. A cheap GPU behind a slow fabric, or far from the data,
 loses to a dearer one that finishes sooner. Pure: the current time is an
 argument, never read from a clock, so the same code replays in a simulator.
+
+One pass over the columns of the rows the index selects (policies/constraints.py);
+only the options shown and the rejections written out become objects.
 """
 
 from __future__ import annotations
@@ -12,44 +15,64 @@ from datetime import datetime
 
 import numpy as np
 
-from broker.models import CostBreakdown, JobSpec, Quote, QuoteOption, Rejection
+from broker.models import JobSpec, Quote
 from broker.perf import job_hours, preemption_overhead, step_shape, transfer_hours
-from policies.book import OfferBook
-from policies.constraints import CHECKS, CODE_OF, describe, job_node_price, reject_codes
+from policies.book import FABRICS, MARKETS, OWNED, OfferBook
+from policies.constraints import CODE_OF, describe, job_node_price, screen
 
-# USD per GB leaving each source (internet egress list prices); same region is free.
-EGRESS_USD_PER_GB: dict[str, float] = {"aws": 0.09, "gcp": 0.12, "azure": 0.087}
-CROSS_REGION_USD_PER_GB = 0.02  # within one cloud
+# Moving data out of a site whose offers declare no egress price (a cloud region's internet
+# egress list price is $0.05-0.12/GB; $0.09 is the common first tier). Owned sites: your own uplink.
+DEFAULT_EGRESS_USD_PER_GB = 0.09
+CROSS_REGION_USD_PER_GB = 0.02  # between regions of one site, when its egress costs more
+ONPREM = "onprem"  # a data location in the owned market (on-prem hardware), whatever its provider
+_ONPREM_ALIASES = frozenset({"onprem", "on-prem", "owned"})
 
 
 def parse_location(location: str) -> tuple[str, str]:
-    """'aws:us-east-1' → ('aws', 'us-east-1'); 'onprem' → ('slurm', '')."""
+    """'aws:us-east-1' → ('aws', 'us-east-1'): the site offers name in their locality, and a region.
+    'onprem' (or 'on-prem', 'owned', optionally ':REGION') → (ONPREM, region): the owned market."""
     if not location:
         return "", ""
-    provider, _, region = location.partition(":")
-    provider = provider.strip().lower()
-    if provider in ("onprem", "on-prem", "owned"):
-        provider = "slurm"
-    return provider, region.strip()
+    site, _, region = location.partition(":")
+    site = site.strip().lower()
+    if site in _ONPREM_ALIASES:
+        site = ONPREM
+    return site, region.strip()
 
 
 def _data_costs(book: OfferBook, spec: JobSpec, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(egress USD, transfer hours) for moving the job's data to each offer in ``idx``."""
+    """(egress USD, transfer hours) for moving the job's data to each offer in ``idx``.
+
+    Same site and region: free. Same site, another region: the cross-region rate (at most the
+    site's egress). Elsewhere: the site's egress rate — the spec's, else the highest its own
+    offers declare, else the default — and the time to download it over the offer's link.
+    """
     size = spec.data.size_gb
-    src_provider, src_region = parse_location(spec.data.location)
+    site, region = parse_location(spec.data.location)
     zeros = np.zeros(len(idx))
-    if not size or not src_provider:
+    if not size or not site:
         return zeros, zeros
-    prov_code = book.providers.index.get(src_provider, -1)
-    reg_code = book.regions.index.get(src_region, -1) if src_region else -1
-    same_provider = book["provider"][idx] == prov_code
-    same_region = same_provider & ((book["region"][idx] == reg_code) | (not src_region))
-    rate = np.full(len(idx), EGRESS_USD_PER_GB.get(src_provider, 0.0))
-    cross_region = CROSS_REGION_USD_PER_GB if src_provider in EGRESS_USD_PER_GB else 0.0
-    rate = np.where(same_provider, cross_region, rate)
-    rate = np.where(same_region, 0.0, rate)
+    if site == ONPREM:
+        same_site = book["market"][idx] == OWNED
+        declared = book.owned_egress
+    else:
+        code = book.sites.index.get(site, -1)
+        same_site = book["site"][idx] == code
+        declared = float(book.site_egress[code]) if code >= 0 else 0.0
+        declared = declared or DEFAULT_EGRESS_USD_PER_GB
+    rate = spec.data.egress_usd_per_gb if spec.data.egress_usd_per_gb is not None else declared
+    if region:
+        same_region = same_site & (book["region"][idx] == book.regions.index.get(region, -1))
+    else:
+        same_region = same_site
+    per_gb = np.where(same_region, 0.0, np.where(same_site, min(rate, CROSS_REGION_USD_PER_GB), rate))
     hours = np.where(same_region, 0.0, transfer_hours(size, book["download_gbps"][idx]))
-    return size * rate, hours
+    return size * per_gb, hours
+
+
+def _missing_models(book: OfferBook, spec: JobSpec) -> list[str]:
+    """Models the job accepts that no offer in the book is of."""
+    return [m for m in spec.gpu if book.gpu_code(m) is None]
 
 
 def quote(
@@ -62,87 +85,106 @@ def quote(
 ) -> Quote:
     """Rank ``book`` for ``spec``. ``max_rejected`` caps how many rejections are spelled out
     (all of them are counted in ``rejected_counts``)."""
-    codes = reject_codes(book, spec)
-    idx = np.flatnonzero(codes == 0)
+    sc = screen(book, spec)
+    pos = np.flatnonzero(sc.codes == 0)  # feasible, as positions among the screened rows
+    idx = sc.rows[pos]
     nodes, gpn = spec.nodes, spec.gpus_per_node
     assert gpn is not None
 
+    def take(name: str, unused: float | None = None) -> np.ndarray | float:
+        """The column's values for the feasible rows; a constant where the job's shape makes them irrelevant."""
+        return book[name][idx] if unused is None else unused
+
+    # Gather only the columns this job's formulas read (one node: no fabric; one GPU: no NVLink either).
     shape = step_shape(spec.workload)
-    comp, comm = job_hours(
-        shape, nodes=nodes, gpus_per_node=gpn, tflops_per_gpu=book["tflops"][idx],
-        fabric_gbits=book["fabric_gbps"][idx], fabric_eff=book["fabric_eff"][idx],
-        fabric_latency_us=book["fabric_lat"][idx], intra_busbw_gbps=book["intra_bw"][idx],
+    comm = shape.total_flops > 0 and shape.grad_bytes > 0 and shape.steps > 0
+    inter, intra = None if comm and nodes > 1 else 0.0, None if comm and gpn > 1 else 1.0
+    comp, comm_h = job_hours(
+        shape, nodes=nodes, gpus_per_node=gpn, tflops_per_gpu=take("tflops", None if shape.total_flops > 0 else 1.0),
+        fabric_gbits=take("fabric_gbps", inter), fabric_eff=take("fabric_eff", inter),
+        fabric_latency_us=take("fabric_lat", inter), intra_busbw_gbps=take("intra_bw", intra),
     )
     egress_usd, xfer = _data_costs(book, spec, idx)
-    run = np.asarray(comp + comm + xfer, dtype=float)
-    lost = preemption_overhead(run, book["preempt_rate"][idx], spec.checkpoint_minutes)
-    lost = np.asarray(lost, dtype=float)
+    run = np.asarray(comp + comm_h + xfer, dtype=float)
+    if spec.interruptible:  # otherwise no interruptible offer got this far: nothing is lost to preemption
+        lost = np.asarray(preemption_overhead(run, book["preempt_rate"][idx], spec.checkpoint_minutes), dtype=float)
+    else:
+        lost = np.zeros(len(idx))
     billed_hours = run + lost
     job_price = job_node_price(book, spec, idx) * nodes
     cost = job_price * billed_hours + egress_usd
-    wall = billed_hours + book["queue"][idx]
+    wall = billed_hours + book["queue"][idx] if book.any_queue else billed_hours
 
     late = np.zeros(len(idx), dtype=bool)
     deadline = spec.deadline_at(now)
     if deadline is not None:
         late = wall > (deadline - now).total_seconds() / 3600.0
-        codes[idx[late]] = CODE_OF["deadline"]
+        sc.codes[pos[late]] = CODE_OF["deadline"]
     if spec.max_total_usd is not None:
         over = (cost > spec.max_total_usd) & ~late
-        codes[idx[over]] = CODE_OF["budget"]
+        sc.codes[pos[over]] = CODE_OF["budget"]
         late |= over
-    keep = ~late
-    idx, cost, wall, billed_hours = idx[keep], cost[keep], wall[keep], billed_hours[keep]
-    comp, comm, xfer, lost = (np.broadcast_to(a, keep.shape)[keep] for a in (comp, comm, xfer, lost))
-    egress_usd, job_price = egress_usd[keep], job_price[keep]
+    keep = np.flatnonzero(~late)
 
-    if len(idx) > top:  # only the top few need a full sort
-        head = np.argpartition(cost, top - 1)[:top]
-        cutoff = cost[head].max()
-        head = np.flatnonzero(cost <= cutoff)  # keep ties at the cut so the order stays stable
+    costs = cost[keep]
+    if len(keep) > top:  # only the top few need a full sort
+        head = np.argpartition(costs, top - 1)[:top]
+        head = np.flatnonzero(costs <= costs[head].max())  # keep ties at the cut so the order stays stable
     else:
-        head = np.arange(len(idx))
-    sub = np.lexsort((wall[head], book["stale"][idx[head]], np.round(cost[head], 2)))
-    order = head[sub][:top]
-    options = []
-    for j in order:
-        i = int(idx[j])
-        o = book.offers[i]
-        notes = []
-        if book["measured"][i]:
-            source = o.perf.source if o.perf else ""
-            notes.append(f"measured {book['tflops'][i]:.0f} TFLOP/s per GPU ({source})")
-        elif o.perf is not None and o.perf.source == "dlperf":
-            notes.append(f"speed prior from dlperf: {book['tflops'][i]:.0f} TFLOP/s per GPU")
-        if o.stale:
-            notes.append("offer is stale: its provider did not answer the last refresh")
-        options.append(QuoteOption(
-            offer_id=o.id, provider=o.provider, market=o.market, sku=o.sku, region=o.locality.region,
-            zone=o.locality.zone, cluster=o.locality.cluster, nodes=nodes, gpus_per_node=gpn, gpu=o.gpu,
-            fabric=o.network.fabric, fabric_gbps=o.network.fabric_gbps,
-            usd_per_hour=round(float(job_price[j]), 4), expected_hours=round(float(wall[j]), 4),
-            expected_cost_usd=round(float(cost[j]), 2), interruptible=o.interruptible, stale=o.stale,
-            perf_source=(o.perf.source if o.perf else "datasheet"),
-            breakdown=CostBreakdown(
-                compute_hours=round(float(comp[j]), 4), comm_hours=round(float(comm[j]), 4),
-                queue_wait_hours=round(float(book["queue"][i]), 4),
-                preemption_overhead_hours=round(float(lost[j]), 4),
-                egress_usd=round(float(egress_usd[j]), 2),
-                compute_usd=round(float(job_price[j] * billed_hours[j]), 2), notes=notes,
-            ),
-        ))
-
-    rejected_idx = np.flatnonzero(codes)
-    counts: dict[str, int] = {}
-    if len(rejected_idx):
-        freq = np.bincount(codes, minlength=len(CHECKS) + 1)
-        counts = {CHECKS[v - 1].code: int(freq[v]) for v in range(1, len(freq)) if freq[v]}
-    shown = rejected_idx if max_rejected is None else rejected_idx[:max_rejected]
+        head = np.arange(len(keep))
+    chosen = keep[head]
+    # Cheapest to the cent first; then fresh before stale, sooner before later, and the exact cost.
+    sub = np.lexsort((cost[chosen], wall[chosen], book["stale"][idx[chosen]], np.round(cost[chosen], 2)))
+    shown = chosen[sub][:top]
+    options = _options(book, idx[shown], nodes, gpn, price=job_price[shown], wall=wall[shown], cost=cost[shown],
+                       comp=np.broadcast_to(comp, cost.shape)[shown], comm=np.broadcast_to(comm_h, cost.shape)[shown],
+                       lost=lost[shown], egress=egress_usd[shown], billed=billed_hours[shown])
+    rows, codes = sc.rejected(max_rejected)
+    text = {k: book.texts(k, rows) for k in ("provider", "sku", "region", "zone")}
     rejected = []
-    for i in shown:
-        o = book.offers[int(i)]
-        code, reason = describe(int(codes[i]), o, spec)
-        rejected.append(Rejection(provider=o.provider, sku=o.sku, region=o.locality.region,
-                                  zone=o.locality.zone, offer_id=o.id, code=code, reason=reason))
-    return Quote(job=spec, options=options, rejected=rejected, rejected_counts=counts,
-                 offers_considered=len(book), at=now)
+    for j, (i, c) in enumerate(zip(rows.tolist(), codes.tolist(), strict=True)):
+        code, reason = describe(c, book.row(i), spec)
+        rejected.append({"provider": text["provider"][j], "sku": text["sku"][j], "region": text["region"][j],
+                         "zone": text["zone"][j], "offer_id": book.ids[i], "code": code, "reason": reason})
+    missing = _missing_models(book, spec)
+    # One validation call for the whole answer (per-object constructors cost 3-10× more).
+    return Quote.model_validate({
+        "job": spec, "options": options, "rejected": rejected, "rejected_counts": sc.counts(),
+        "offers_considered": len(book), "at": now,
+        "notes": [f"no market offers {', '.join(missing)}"] if missing else [],
+    })
+
+
+def _options(book: OfferBook, rows: np.ndarray, nodes: int, gpn: int, **figures: np.ndarray) -> list[dict]:
+    """The options shown, as data for QuoteOption: only these rows become objects."""
+    c = book.cols
+    f = {k: v.tolist() for k, v in figures.items()}
+    text = {k: book.texts(k, rows) for k in ("provider", "sku", "region", "zone", "cluster", "gpu", "perf_source")}
+    num = {k: c[k][rows].tolist() for k in ("market", "fabric", "fabric_gbps", "interruptible", "stale", "queue",
+                                             "measured", "tflops")}
+    out = []
+    for j, i in enumerate(rows.tolist()):
+        perf_source, tflops = text["perf_source"][j], num["tflops"][j]
+        notes = []
+        if num["measured"][j]:
+            notes.append(f"measured {tflops:.0f} TFLOP/s per GPU ({perf_source})")
+        elif perf_source == "dlperf":
+            notes.append(f"speed prior from dlperf: {tflops:.0f} TFLOP/s per GPU")
+        if num["stale"][j]:
+            notes.append("offer is stale: its provider did not answer the last refresh")
+        out.append({
+            "offer_id": book.ids[i], "provider": text["provider"][j], "market": MARKETS[num["market"][j]],
+            "sku": text["sku"][j], "region": text["region"][j], "zone": text["zone"][j],
+            "cluster": text["cluster"][j], "nodes": nodes, "gpus_per_node": gpn, "gpu": text["gpu"][j],
+            "fabric": FABRICS[num["fabric"][j]], "fabric_gbps": num["fabric_gbps"][j],
+            "usd_per_hour": round(f["price"][j], 4), "expected_hours": round(f["wall"][j], 4),
+            "expected_cost_usd": round(f["cost"][j], 2), "interruptible": num["interruptible"][j],
+            "stale": num["stale"][j], "perf_source": perf_source,
+            "breakdown": {
+                "compute_hours": round(f["comp"][j], 4), "comm_hours": round(f["comm"][j], 4),
+                "queue_wait_hours": round(num["queue"][j], 4), "preemption_overhead_hours": round(f["lost"][j], 4),
+                "egress_usd": round(f["egress"][j], 2), "compute_usd": round(f["price"][j] * f["billed"][j], 2),
+                "notes": notes,
+            },
+        })
+    return out

@@ -59,7 +59,7 @@ def error_response(status: int, code: str, message: str, field: str | None = Non
 def from_lockstep(exc: LockstepError) -> ApiError:
     """The HTTP face of a domain error."""
     if isinstance(exc, SpecError):
-        return ApiError(422, "invalid_spec", exc.reason or str(exc), exc.field or "body")
+        return ApiError(422, "invalid_spec", exc.detail or str(exc), exc.field or "body")
     if isinstance(exc, NotFoundError):
         return ApiError(404, "not_found", str(exc))
     if isinstance(exc, ConflictError):

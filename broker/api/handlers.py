@@ -42,7 +42,7 @@ from broker.api.schemas import (
     TokenCreated,
 )
 from broker.errors import ConflictError, SpecError
-from broker.models import Job, JobSpec, Offer, PricePoint, PriceSeries, Quote, Role, Tenant, TokenInfo
+from broker.models import GpuSummary, Job, JobSpec, Offer, PricePoint, PriceSeries, Quote, Role, Tenant, TokenInfo
 from broker.specs import parse_spec
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,10 @@ async def get_offers(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
     params = parse_query(request, OfferParams)
     return render(await svc.offers(params.filter(), params.limit))
+
+
+async def list_gpus(request: web.Request) -> web.Response:
+    return render(await request.app[SERVICE].gpus())
 
 
 # --------------------------------------------------------------------------- jobs
@@ -308,6 +312,8 @@ ROUTES: tuple[Route, ...] = (
           "quotes", {200: Quote}, body=JobSpec, query=QuoteParams),
     Route("GET", "/v1/offers", get_offers, "The offer book, cheapest per GPU-hour first", "quotes",
           {200: list[Offer]}, query=OfferParams),
+    Route("GET", "/v1/gpus", list_gpus, "GPU models on offer: markets, regions, units and $/GPU-hour ranges",
+          "quotes", {200: list[GpuSummary]}),
     Route("POST", "/v1/jobs", post_job, "Submit a job (idempotent with Idempotency-Key)", "jobs",
           {200: Job, 201: Job}, body=JobSpec, errors=(409,), headers=(_IDEM_PARAM,)),
     Route("GET", "/v1/jobs", list_jobs, "The caller's jobs, newest first, a page at a time", "jobs",

@@ -69,7 +69,7 @@ class TokenCreated(TokenInfo):
 
 
 class TenantCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(pattern=NAME_PATTERN)
     monthly_budget_usd: StrictUsd | None = Field(default=None, ge=0, le=1e12)
@@ -79,7 +79,7 @@ class TenantCreate(BaseModel):
 class TenantPatch(BaseModel):
     """Only the fields present are changed; null clears a cap."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     monthly_budget_usd: StrictUsd | None = Field(default=None, ge=0, le=1e12)
     max_gpus: StrictCount | None = Field(default=None, ge=0, le=1_000_000)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from broker.config import Settings
 from broker.errors import NoFeasibleOption  # noqa: F401  (re-exported for commands)
-from broker.models import Job, JobState, Offer, Quote
+from broker.models import GpuSummary, Job, JobState, Offer, Quote
 from broker.service import Lockstep
 from broker.specs import parse_spec
 from policies.offers import OfferFilter
@@ -21,6 +21,9 @@ class LocalBackend:
 
     async def offers(self, f: OfferFilter, limit: int | None) -> list[Offer]:
         return await self.svc.offers(f, limit)
+
+    async def gpus(self) -> list[GpuSummary]:
+        return await self.svc.gpus()
 
     async def submit(self, spec_data: dict, idempotency_key: str | None) -> Job:
         return await self.svc.submit(parse_spec(spec_data), idempotency_key=idempotency_key)

@@ -41,7 +41,7 @@ def _money(x: float) -> str:
 def quote_table(q: Quote, explain: bool = False) -> None:
     spec = q.job
     console.print(
-        f"[bold]{spec.name}[/]: {spec.gpus} × {'/'.join(spec.gpu)} as {spec.nodes} node(s) × "
+        f"[bold]{spec.name}[/]: {spec.gpus} × {'/'.join(spec.gpu) or 'any GPU'} as {spec.nodes} node(s) × "
         f"{spec.gpus_per_node}, fabric {spec.fabric.value}, co-located at '{spec.colocate.value}'"
         f" — {len(q.options)} option(s) shown of {q.offers_considered} offers"
     )
@@ -91,7 +91,7 @@ def infeasible_reasons(q: Quote) -> str:
     groups: dict[str, list[str]] = defaultdict(list)
     for r in q.rejected:
         groups[r.code].append(r.reason)
-    parts = []
+    parts = list(q.notes)  # e.g. "no market offers B300": the reason that matters, first
     for code, n in sorted(q.rejected_counts.items(), key=lambda kv: -kv[1]):
         example = groups[code][0] if groups.get(code) else ""
         parts.append(f"{n} × {code}" + (f" (e.g. {example})" if example else ""))

@@ -28,7 +28,7 @@ def test_quote_ranks_options_with_reasons(api: Api) -> None:
     ("body", "field"),
     [
         (spec(gpus=12, gpus_per_node=8), "gpus_per_node"),
-        (spec(gpu=["Z9000"]), "gpu"),
+        (spec(gpu=["Z9000 <script>"]), "gpu"),  # garbage; a GPU-shaped unknown name is a quote (issue 17)
         (spec(colour="blue"), "colour"),
         (spec(gpus=0), "gpus"),
         (spec(workload={"params_b": 7}), "workload"),
@@ -143,7 +143,8 @@ def test_offers_and_prices_and_providers(api: Api) -> None:
         assert all(o["gpu"].startswith("H100") and o["gpu_count"] >= 8 for o in offers)
         per_gpu = [o["usd_per_hour"] / o["gpu_count"] for o in offers]
         assert per_gpu == sorted(per_gpu)
-        assert bob.get("/v1/offers", params={"gpu": "Z9000"}).json()["error"]["field"] == "gpu"
+        assert bob.get("/v1/offers", params={"gpu": "Z9000 <script>"}).json()["error"]["field"] == "gpu"
+        assert bob.get("/v1/offers", params={"gpu": "Z9000"}).json() == []  # GPU-shaped, offered nowhere
 
         assert bob.get("/v1/prices/history", params={"gpu": "H100", "limit": 10}).status_code == 200
         bad = bob.get("/v1/prices/history", params={"since": "yesterday-ish"})

@@ -51,7 +51,8 @@ def test_quote_1gpu_all_under_cap(tmp_path: Path) -> None:
         ("name: x\ngpu: A100\ngpus: 2\nworkload: {hours: 1}\ncolour: red\n", "colour: unknown field"),
         ("name: x\ngpu: A100\ngpus: -2\nworkload: {hours: 1}\n", "gpus: Input should be greater than 0"),
         ("name: x\ngpu: A100\ngpus: 12\ngpus_per_node: 8\nworkload: {hours: 1}\n", "gpus_per_node: gpus (12)"),
-        ("name: x\ngpu: Q9000\ngpus: 1\nworkload: {hours: 1}\n", "gpu: unknown GPU model 'Q9000'"),
+        # Garbage is bad input; a name shaped like a GPU model no market offers is an answer (exit 3, below).
+        ("name: x\ngpu: 'Q9000 !!'\ngpus: 1\nworkload: {hours: 1}\n", "gpu: 'Q9000 !!' is not a GPU model name"),
         ("name: x\ngpu: [A100\n", "malformed YAML"),
     ],
 )
@@ -63,6 +64,18 @@ def test_bad_spec_exit_2_one_line(tmp_path: Path, content: str, needle: str) -> 
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_unknown_gpu_model_no_market_offers_exit_3(tmp_path: Path) -> None:
+    # Deliberate change (issue 17): an unknown name that looks like a GPU model used to be exit 2;
+    # it is an answer about the market ("no market offers Q9000"), not bad input.
+    f = tmp_path / "q9000.yaml"
+    f.write_text("name: x\ngpu: Q9000\ngpus: 1\nworkload: {hours: 1}\n")
+    r = lockstep("quote", str(f), tmp_path=tmp_path)
+    assert r.returncode == 3, r.stderr
+    assert "no market offers Q9000" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = lockstep("quote", str(f), "--json", tmp_path=tmp_path)
+    assert r.returncode == 3 and json.loads(r.stdout)["notes"] == ["no market offers Q9000"]
 
 
 def test_missing_file_and_bad_option_exit_2(tmp_path: Path) -> None:

@@ -37,7 +37,8 @@ def test_70b_needs_rdma_in_one_cluster() -> None:
         (BASE + "gpus: 1\ncolour: blue\n", "colour", "unknown field"),
         (BASE + "gpus: -4\n", "gpus", "greater than 0"),
         (BASE + "gpus: 12\ngpus_per_node: 8\n", "gpus_per_node", "multiple of gpus_per_node"),
-        ("name: t\ngpu: Z80\ngpus: 1\nworkload: {hours: 1}\n", "gpu", "unknown GPU model 'Z80'"),
+        # An unknown name shaped like a GPU model is no longer bad input (issue 17: "no market offers" instead).
+        ("name: t\ngpu: '#Z80'\ngpus: 1\nworkload: {hours: 1}\n", "gpu", "'#Z80' is not a GPU model name"),
         (BASE + "gpus: 1\nfabric: carrier-pigeon\n", "fabric", "infiniband"),
         (BASE + "gpus: 1\ndeadline_in: soon\n", "deadline_in", "not a duration"),
         ("name: t\ngpu: A100\ngpus: 1\nworkload: {}\n", "workload", "reference_gpu_hours"),

@@ -1,0 +1,29 @@
+"""bench/rank.py still runs and prints each figure beside its same-run reference (tiny sizes; no timings
+asserted: speed is measured by the script, not by tests)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_rank_bench_prints_figures_beside_references() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "rank.py"), "--offers", "3000", "--big", "30000", "--jobs", "40",
+         "--runs", "2", "--repeat", "4"],
+        capture_output=True, text=True, timeout=600, check=True, cwd=ROOT,
+    ).stdout
+    assert "offers in book:              3,000" in out
+    assert "rejections written out:      20 per quote" in out  # the API's default, as the script says
+    figure = r"min [\d.]+ / median [\d.]+ ms"
+    assert re.search(rf"quote 8 × H100 \(top 10\):\s+{figure}", out)
+    assert re.search(rf"numpy floor, same job:\s+{figure}\s+quote / floor = [\d.]+×", out)
+    assert re.search(rf"`gpu: any` ≥ 24 GB, 1 GPU: {figure}", out)
+    assert re.search(r"gpuhunt Catalog.query:\s+(min|not measured)", out)
+    assert re.search(r"30,000 offers from columns \(no Offer objects; built in [\d.]+ s\), \d+ bytes per offer", out)
+    per_offer = int(re.search(r"(\d+) bytes per offer", out).group(1))  # type: ignore[union-attr]
+    assert 0 < per_offer <= 1024

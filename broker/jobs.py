@@ -31,9 +31,10 @@ from broker.models import (
 )
 from broker.reconcile import reconcile
 from broker.router import Placement, Router
+from providers.capabilities import RunsBurnIn
 
 if TYPE_CHECKING:
-    from broker.service import Lockstep
+    from broker.burnin import BurnIn
     from broker.store import Store
 
 log = logging.getLogger(__name__)
@@ -57,9 +58,9 @@ class Broker:
         preemption_rates: Callable[[], dict[tuple[str, str, str], float]] | None = None,
         on_placed: Callable[[str, str], None] | None = None,
         wake: asyncio.Event | None = None,
-        service: Lockstep | None = None,
+        burnin: BurnIn | None = None,
     ) -> None:
-        self.service = service  # for burn-in results (benchmarks are recorded and judged by the service)
+        self.burnin = burnin  # for burn-in results (recorded and judged by broker.burnin)
         self.settings = settings
         self.store = store
         self.market = market
@@ -173,7 +174,8 @@ class Broker:
             await self._db(self.store.update_allocation, alloc.id, state=state, attrs=attrs,
                            reason=reason or alloc.reason)
         spent = job.spent_usd + self._cost(alloc, attrs, now) if state in ENDED else job.spent_usd
-        if job.spec.burn_in and self.service is not None and alloc.provider == "slurm" and state in (
+        if job.spec.burn_in and self.burnin is not None and isinstance(
+                self.market.providers.get(alloc.provider), RunsBurnIn) and state in (
                 AllocationState.running, AllocationState.succeeded, AllocationState.failed):
             bad = await self._burn_in_failure(job, alloc)
             if bad and state is AllocationState.running:
@@ -208,8 +210,8 @@ class Broker:
         """Record what the allocation's burn-in step measured; the reason when a node failed it, else ''."""
         from broker.burnin import collect_burnin, job_stem
 
-        assert self.service is not None
-        benches = await collect_burnin(self.service, alloc.provider, job_stem(job.id, alloc.attempt))
+        assert self.burnin is not None
+        benches = await collect_burnin(self.burnin, alloc.provider, job_stem(job.id, alloc.attempt))
         bad = [b for b in benches if not b.healthy]
         return f"burn-in failed on {bad[0].target}: {bad[0].reason}" if bad else ""
 

@@ -36,6 +36,7 @@ from broker.models import (
 )
 from broker.store import LIVE_STATES
 from providers.base import Provider
+from providers.capabilities import Launches
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -90,7 +91,7 @@ async def reconcile(
 
     owned: dict[str, list[Allocation]] = {}
     for name, p in providers.items():
-        if not p.can_launch:
+        if not isinstance(p, Launches):
             continue
         try:
             owned[name] = await p.owned()

@@ -40,6 +40,7 @@ from broker.models import (
     Job,
     JobState,
     Offer,
+    OfferSource,
     Quote,
     QuoteOption,
     utcnow,
@@ -49,6 +50,7 @@ from policies.book import DEFAULT_SPOT_PREEMPTIONS_PER_HOUR
 from policies.placement import Decision, candidates, decide
 from policies.ranking import quote as rank_quote
 from providers.base import LaunchRequest, Provider
+from providers.capabilities import Launches, RunsBurnIn
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -109,9 +111,8 @@ class Router:
         provider = self.market.providers.get(o.provider)
         return (
             offer is not None
-            and provider is not None
-            and provider.can_launch
-            and offer.attrs.get("source") != "catalog"
+            and isinstance(provider, Launches)
+            and offer.source is OfferSource.live
             and not (single_unit(offer) and (o.offer_id in self._taken or o.offer_id in held))
         )
 
@@ -251,7 +252,7 @@ class Router:
         fresh = await self._db(self.store.get_job, job.id)
         attempt = fresh.attempts + 1
         spec = job.spec
-        if spec.burn_in and opt.provider == "slurm":
+        if spec.burn_in and isinstance(provider, RunsBurnIn):
             # Burn-in as the allocation's first step: the probe runs before the user's command.
             from broker.burnin import burnin_command, job_stem, results_path
 

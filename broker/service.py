@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from broker.burnin import BurnIn
 from broker.config import Settings
 from broker.errors import NotFoundError, ProviderError, SpecError
 from broker.market import Marketplace, ProviderHealth
@@ -32,10 +33,11 @@ from broker.models import (
     Quote,
     utcnow,
 )
-from broker.registry import build_providers
 from policies.offers import OfferFilter, select
 from policies.ranking import quote as rank_quote
 from providers.base import Provider
+from providers.capabilities import DrainsNodes
+from providers.registry import build_providers
 
 if TYPE_CHECKING:
     from broker.jobs import Broker
@@ -112,8 +114,13 @@ class Lockstep:
 
             self._broker = Broker(self.settings, self.store, self.market, clock=self.clock,
                                   preemption_rates=self.preemption_rates, on_placed=self.placement_observer,
-                                  wake=self.job_submitted, service=self)
+                                  wake=self.job_submitted, burnin=self.burnin)
         return self._broker
+
+    @property
+    def burnin(self) -> BurnIn:
+        """What burn-in and benchmark recording (broker.burnin) use: the store, settings, providers, drain."""
+        return BurnIn(self.settings, self.store, self.market.providers, self.drain_node, self.resume_node)
 
     def preemption_rates(self) -> dict[tuple[str, str, str], float]:
         """Observed preemptions per hour by (provider, zone, sku); the tracker fills it when running."""
@@ -251,9 +258,8 @@ class Lockstep:
         await self.db(self.store.set_node_health, provider, node, False, reason)
         self._unhealthy_cache = None
         drained = False
-        drain = getattr(prov, "drain", None)
-        if drain is not None:
-            await drain(node, reason)
+        if isinstance(prov, DrainsNodes):
+            await prov.drain(node, reason)
             drained = True
         return {"provider": provider, "node": node, "healthy": False, "reason": reason, "drained": drained}
 
@@ -262,9 +268,9 @@ class Lockstep:
         its provider when it can. Never called automatically: a drained node stays out until someone decides."""
         await self.db(self.store.set_node_health, provider, node, True, "")
         self._unhealthy_cache = None
-        resume = getattr(self.market.providers.get(provider), "resume", None)
-        if resume is not None:
-            await resume(node)
+        prov = self.market.providers.get(provider)
+        if isinstance(prov, DrainsNodes):
+            await prov.resume(node)
 
     async def price_history(self, *, gpu: str | None = None, sku: str | None = None, provider: str | None = None,
                             market: Market | None = None, zone: str | None = None, region: str | None = None,

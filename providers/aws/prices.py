@@ -12,7 +12,7 @@ instance-type record, else from the catalog (``aws_instance_info``). Linux/UNIX
 prices only (other OSes carry a licence surcharge, not market movement).
 
 Credentials come from the standard AWS chain (env, profile, instance role);
-calls go through the AWS adapter, which maps errors and retries TransientError.
+calls go through the AWS adapter's client, which maps errors and retries TransientError.
 """
 
 from __future__ import annotations
@@ -24,14 +24,13 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from broker.models import Market, PricePoint, as_utc
-from providers.catalog import aws_instance_info, load_catalog
+from providers.catalog.client import aws_instance_info, load_catalog
 
 if TYPE_CHECKING:
-    from providers.aws import AwsProvider
+    from providers.aws.provider import AwsProvider
 
 log = logging.getLogger(__name__)
 
-PROVIDER = "aws"
 LINUX = "Linux/UNIX"  # also matches "Linux/UNIX (Amazon VPC)", the EC2-Classic-era spelling moto answers
 DEFAULT_BACKFILL = timedelta(days=1)  # first poll of a region: how far back to start
 _CHUNK = 100  # instance types per request
@@ -48,7 +47,9 @@ def catalog_gpu_types() -> dict[str, str]:
     return out
 
 
-def to_price_points(rows: list[Mapping[str, Any]], region: str, gpus: Mapping[str, str]) -> list[PricePoint]:
+def to_price_points(
+    rows: list[Mapping[str, Any]], region: str, gpus: Mapping[str, str], provider: str = "aws"
+) -> list[PricePoint]:
     """DescribeSpotPriceHistory rows → spot PricePoints (Linux/UNIX, known GPU types, parseable prices)."""
     out: list[PricePoint] = []
     for row in rows:
@@ -62,7 +63,7 @@ def to_price_points(rows: list[Mapping[str, Any]], region: str, gpus: Mapping[st
             continue
         out.append(
             PricePoint(
-                provider=PROVIDER,
+                provider=provider,
                 market=Market.spot,
                 sku=sku,
                 gpu=gpus[sku],
@@ -83,7 +84,7 @@ async def region_spot_history(aws: AwsProvider, region: str, since: datetime | N
     skus = sorted(gpus)
     for i in range(0, len(skus), _CHUNK):
         rows.extend(
-            await aws.paginate(
+            await aws.ec2.paginate(
                 region,
                 "describe_spot_price_history",
                 "SpotPriceHistory",
@@ -94,7 +95,7 @@ async def region_spot_history(aws: AwsProvider, region: str, since: datetime | N
                 MaxResults=_PAGE,
             )
         )
-    return to_price_points(rows, region, gpus)
+    return to_price_points(rows, region, gpus, aws.name)
 
 
 async def spot_price_history(

@@ -21,13 +21,23 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from broker.config import AwsConfig
 from broker.models import Market, PricePoint, as_utc
+from providers.aws.client import Ec2Client
+from providers.aws.instance_types import GpuType
 from providers.catalog.client import aws_instance_info, load_catalog
 
-if TYPE_CHECKING:
-    from providers.aws.provider import AwsProvider
+
+class Ec2Source(Protocol):
+    """What the history reads through: the AWS adapter (its client, retries and instance-type cache)."""
+
+    name: str
+    config: AwsConfig
+    ec2: Ec2Client
+
+    async def gpu_types(self, region: str) -> dict[str, GpuType]: ...
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +86,7 @@ def to_price_points(
     return out
 
 
-async def region_spot_history(aws: AwsProvider, region: str, since: datetime | None, now: datetime) -> list[PricePoint]:
+async def region_spot_history(aws: Ec2Source, region: str, since: datetime | None, now: datetime) -> list[PricePoint]:
     """Spot price points of one region from ``since`` (or ``now - DEFAULT_BACKFILL``) to now."""
     gpus = {**catalog_gpu_types(), **{sku: t.gpu for sku, t in (await aws.gpu_types(region)).items()}}
     start = as_utc(since) if since is not None else now - DEFAULT_BACKFILL
@@ -99,7 +109,7 @@ async def region_spot_history(aws: AwsProvider, region: str, since: datetime | N
 
 
 async def spot_price_history(
-    aws: AwsProvider,
+    aws: Ec2Source,
     since: Mapping[str, datetime | None],
     *,
     now: datetime | None = None,

@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying
 
+import providers.slurm.api as api
 from broker.config import SlurmConfig
 from broker.errors import BadRequestError, TransientError
 from providers.retry import retrying
-from providers.slurm import api
 from providers.slurm.auth import TokenAuth
 from providers.slurm.errors import raise_for
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import providers.slurm.api as api
 from broker.errors import BadRequestError, CapacityError, ProviderAuthError, TransientError
-from providers.slurm import api
 
 PROVIDER = "slurm"
 

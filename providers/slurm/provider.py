@@ -16,12 +16,12 @@ import asyncio
 import time
 from collections.abc import Mapping
 
+import providers.slurm.api as api
 from broker.config import SlurmConfig
 from broker.errors import BadRequestError, CapacityError, TransientError
 from broker.models import Allocation, AllocationState, AllocationStatus, Market, Offer
 from providers.base import JOB_TAG, OWNER_TAG, TENANT_TAG, LaunchRequest, OfferQuery
 from providers.capabilities import DrainsNodes, NodeUsage, RunsBurnIn
-from providers.slurm import api
 from providers.slurm.client import SlurmClient
 from providers.slurm.offers import OfferBuilder, node_usage
 from providers.slurm.queue import RUNNING_STATES, estimate_wait_hours

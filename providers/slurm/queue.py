@@ -10,7 +10,7 @@ import math
 import re
 from collections.abc import Iterable
 
-from providers.slurm import api
+import providers.slurm.api as api
 
 RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "STAGE_OUT", "RESIZING", "SIGNALING"})
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import providers.slurm.api as api
 from broker.models import Colocate, FabricNeed
 from providers.base import JOB_TAG, OWNER_TAG, TENANT_TAG, LaunchRequest
-from providers.slurm import api
 
 TOKEN_TAG = "lockstep:token"
 ATTEMPT_TAG = "lockstep:attempt"

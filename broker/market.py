@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from broker.models import Offer, OfferSource, Perf, utcnow
 from policies.book import OfferBook
 from providers.base import OfferQuery, Provider, matches
-from providers.capabilities import Snapshot
+from providers.capabilities import Launches, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,11 @@ class Marketplace:
         self._book_key: object = None
         self._lock = asyncio.Lock()
         self.refreshed_at: datetime | None = None
+
+    def launcher(self, name: str) -> Launches | None:
+        """The provider ``name`` if it launches (typed for launch/poll/release/owned), else None."""
+        p = self.providers.get(name)
+        return p if isinstance(p, Launches) else None
 
     @property
     def has_snapshot(self) -> bool:

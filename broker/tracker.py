@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -110,7 +111,7 @@ def load_preemption_rates(store: Store, now: datetime, days: float = 7.0) -> dic
     call it with ``asyncio.to_thread`` from async code.
     """
     # Intents never reached a provider: they count nothing, so they are not read.
-    started = [s for s in AllocationState if s is not AllocationState.intent]
+    started: list[AllocationState] = [s for s in AllocationState if s is not AllocationState.intent]
     return preemption_rates(store.allocations(states=started), now, volatility=spot_volatility(store, now, days))
 
 
@@ -152,7 +153,8 @@ class Tracker:
     async def run_forever(self, stop: asyncio.Event) -> None:
         """Poll every ``tracker.interval_s`` while leader; otherwise retry for the lock each interval."""
         while not stop.is_set():
-            cm = self.store.leader_lock(LOCK_NAME)
+            cm: AbstractContextManager[bool] | None = self.store.leader_lock(LOCK_NAME)
+            assert cm is not None
             try:
                 got = await asyncio.to_thread(cm.__enter__)
             except Exception as exc:  # the database is away: try again next interval

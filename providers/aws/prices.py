@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -58,7 +58,7 @@ def catalog_gpu_types() -> dict[str, str]:
 
 
 def to_price_points(
-    rows: list[Mapping[str, Any]], region: str, gpus: Mapping[str, str], provider: str = "aws"
+    rows: Sequence[Mapping[str, Any]], region: str, gpus: Mapping[str, str], provider: str = "aws"
 ) -> list[PricePoint]:
     """DescribeSpotPriceHistory rows → spot PricePoints (Linux/UNIX, known GPU types, parseable prices)."""
     out: list[PricePoint] = []

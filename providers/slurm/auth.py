@@ -7,7 +7,7 @@ import binascii
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 
 import httpx
 
@@ -66,7 +66,7 @@ class TokenAuth(httpx.Auth):
             return self._checked(reread=True)  # rotated within the same stat tick: look once more
         return token
 
-    def auth_flow(self, request: httpx.Request) -> Iterator[httpx.Request]:
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         token = self._checked()
         request.headers["X-SLURM-USER-TOKEN"] = token
         response = yield request

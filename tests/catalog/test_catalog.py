@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import statistics
 import subprocess
 import sys
@@ -191,8 +192,9 @@ def test_vast_prices_match_data(shared_data: Path) -> None:
 
 
 def _compile(shared_data: Path, out: Path) -> str:
+    # PYTHONPATH: the script imports this checkout's code, not an installed copy of another one.
     subprocess.run([sys.executable, str(SCRIPT), "--data", str(shared_data), "--out", str(out)],
-                   check=True, capture_output=True, cwd=ROOT)
+                   check=True, capture_output=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     return out.read_text()
 
 

@@ -158,6 +158,7 @@ class LaunchesContract:
 
     async def test_launch_is_idempotent_on_the_client_token(self, subject: Subject) -> None:
         p, req, first = await self._launch(subject)
+        assert Marketplace({p.name: p}).launcher(p.name) is p
         try:
             assert first.client_token == req.client_token and first.resource_ids
             assert (first.job_id, first.attempt, first.provider) == (req.job_id, req.attempt, p.name)

@@ -71,6 +71,7 @@ async def test_merge_keeps_every_provider_and_finds_by_id() -> None:
     assert market.find("live:b:z:r1") == b.answer[0] and market.find("nope") is None
     assert len(market.book()) == 3
     assert not market.has_snapshot
+    assert market.launcher("a") is None and market.launcher("nope") is None  # in-memory markets only list
 
 
 async def test_a_failing_provider_keeps_its_offers_marked_stale_and_the_others_stand() -> None:

@@ -4,22 +4,48 @@ Sources, later wins: defaults here → a YAML file (``LOCKSTEP_CONFIG`` or
 ``--config``) → environment variables ``LOCKSTEP_<SECTION>__<FIELD>`` (for
 example ``LOCKSTEP_SLURM__URL``) → the short aliases users reach for
 (``LOCKSTEP_DB``, ``LOCKSTEP_AWS_ENDPOINT_URL``, ``LOCKSTEP_VAST_URL``,
-``LOCKSTEP_VAST_API_KEY``, ``LOCKSTEP_SLURM_URL``, ``LOCKSTEP_SLURM_TOKEN``).
-Secrets are ``SecretStr``: they print as ``**********`` in logs and reprs.
-``lockstep config show`` prints the effective configuration, secrets masked.
+``LOCKSTEP_VAST_API_KEY``, ``LOCKSTEP_SLURM_URL``, ``LOCKSTEP_SLURM_TOKEN``,
+``LOCKSTEP_SLURM_USER``; setting one of a provider's also enables that provider unless
+the file or ``LOCKSTEP_<PROVIDER>__ENABLED`` says otherwise) → explicit overrides
+(``--db``). pydantic-settings merges them (``Settings.settings_customise_sources``).
+
+Mistakes are errors, never silently ignored: an unknown key (with a "did you mean"
+for a near miss) or a value of the wrong type raises :class:`ConfigError`, one
+readable line per problem naming the key path and where it was written (``FILE:LINE``
+or the environment variable). ``check_config`` also reports what loads but cannot
+work: a provider enabled without its credential, a database URL that does not parse,
+a secret written inline in the file.
+
+Secrets are ``SecretStr``: they print as ``**********`` in logs and reprs. Each has a
+``*_file`` form (a mounted secret) and an environment variable.
+``lockstep config show`` prints the effective configuration, where each value came
+from, secrets masked.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from platformdirs import user_data_dir
-from pydantic import BaseModel, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
+from broker.errors import LockstepError, SpecError
+from broker.logconfig import register_secrets
 from policies.health import HealthThresholds
 
 _HEALTH = HealthThresholds()
@@ -30,12 +56,43 @@ def default_db_url() -> str:
     return f"sqlite:///{path}"
 
 
-class CatalogConfig(BaseModel):
+def _read_secret_file(path: str) -> SecretStr:
+    """A secret from a mounted file (trailing newline dropped); errors never carry its bytes."""
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path!r} ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path!r} is not UTF-8 text") from None
+    if not text:
+        raise ValueError(f"{path!r} is empty")
+    return SecretStr(text)
+
+
+def _secret_or_file(inline: SecretStr | None, path: str | None, field: str, inline_name: str) -> SecretStr | None:
+    """A secret given inline, or read from the file its ``*_file`` field names; both is a mistake."""
+    if not path:
+        return inline
+    if inline is not None:
+        raise ValueError(f"{field}: set {inline_name} or {field}, not both")
+    try:
+        return _read_secret_file(path)
+    except ValueError as exc:
+        raise ValueError(f"{field}: {exc}") from None
+
+
+class _Section(BaseModel):
+    """A configuration section: a key it does not know is a mistake, not something to ignore."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class CatalogConfig(_Section):
     enabled: bool = True
     path: str | None = None  # another catalog file; default: the one shipped in the package
 
 
-class OwnedCost(BaseModel):
+class OwnedCost(_Section):
     """Amortised cost of owned hardware, per node (see README: 'Owned hardware')."""
 
     capex_usd: float = 300_000.0  # an 8×H100 node
@@ -54,7 +111,7 @@ class OwnedCost(BaseModel):
         return (capex + ops) / max(self.utilisation, 0.05) + power
 
 
-class SlurmConfig(BaseModel):
+class SlurmConfig(_Section):
     enabled: bool = False
     url: str = "http://127.0.0.1:6820"
     user: str = "root"
@@ -72,7 +129,7 @@ class SlurmConfig(BaseModel):
     max_attempts: int = 4  # bounded retries on transient errors
 
 
-class ReservedPool(BaseModel):
+class ReservedPool(_Section):
     """Capacity an operator holds (e.g. '8 × p4d.24xlarge in us-east-1a at $X/h under a 1-year plan')."""
 
     name: str
@@ -85,7 +142,7 @@ class ReservedPool(BaseModel):
     capacity_reservation_id: str | None = None
 
 
-class AwsConfig(BaseModel):
+class AwsConfig(_Section):
     enabled: bool = False
     regions: list[str] = Field(default_factory=lambda: ["us-east-1", "us-west-2"])
     endpoint_url: str | None = None  # moto in tests, VPC endpoints in production
@@ -104,10 +161,11 @@ class AwsConfig(BaseModel):
     placement_groups: bool = True  # multi-node jobs get a cluster placement group (off only for emulators)
 
 
-class VastConfig(BaseModel):
+class VastConfig(_Section):
     enabled: bool = False
     url: str = "https://console.vast.ai"
     api_key: SecretStr | None = None
+    api_key_file: str | None = None  # a mounted secret holding the key; read when the settings load
     timeout_s: float = 15.0
     max_attempts: int = 5
     min_reliability: float = 0.9
@@ -120,8 +178,14 @@ class VastConfig(BaseModel):
     min_inet_down_mbps: float = 0.0  # pushed down to the search; 0 = no floor
     search_limit: int = 256  # offers asked for per search
 
+    @model_validator(mode="after")
+    def _key_from_file(self) -> VastConfig:
+        self.api_key = _secret_or_file(self.api_key, self.api_key_file, "api_key_file",
+                                       "api_key (LOCKSTEP_VAST_API_KEY)")
+        return self
 
-class BrokerConfig(BaseModel):
+
+class BrokerConfig(_Section):
     refresh_interval_s: float = 60.0
     provider_timeout_s: float = 30.0
     stale_after_s: float = 600.0
@@ -132,7 +196,7 @@ class BrokerConfig(BaseModel):
     installation: str = "lockstep"
 
 
-class TrackerConfig(BaseModel):
+class TrackerConfig(_Section):
     interval_s: float = 300.0
     spike_multiple: float = 1.5  # flag when price > multiple × trailing median
     clear_multiple: float = 1.2
@@ -140,9 +204,16 @@ class TrackerConfig(BaseModel):
     retention_days: int = 90
     compact_after_days: int = 7
     webhook_url: SecretStr | None = None  # often carries a token: never printed
+    webhook_url_file: str | None = None  # a mounted secret holding the URL; read when the settings load
+
+    @model_validator(mode="after")
+    def _url_from_file(self) -> TrackerConfig:
+        self.webhook_url = _secret_or_file(self.webhook_url, self.webhook_url_file, "webhook_url_file",
+                                           "webhook_url (LOCKSTEP_TRACKER__WEBHOOK_URL)")
+        return self
 
 
-class HealthConfig(BaseModel):
+class HealthConfig(_Section):
     """The health gates' limits; defaults are policies.health.HealthThresholds' (one definition)."""
 
     min_relative_tflops: float = _HEALTH.min_relative_tflops  # below 70% of datasheet → unhealthy
@@ -155,7 +226,7 @@ class HealthConfig(BaseModel):
     burnin_results_dir: str = ""
 
 
-class ApiConfig(BaseModel):
+class ApiConfig(_Section):
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_bytes: int = 1_048_576
@@ -165,10 +236,11 @@ class ApiConfig(BaseModel):
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="LOCKSTEP_", env_nested_delimiter="__", extra="ignore", case_sensitive=False
+        env_prefix="LOCKSTEP_", env_nested_delimiter="__", extra="forbid", case_sensitive=False
     )
 
     db_url: str = Field(default_factory=default_db_url)
+    db_url_file: str | None = None  # a mounted secret holding the URL (it carries the password); read at load
     log_level: str = "INFO"
     catalog: CatalogConfig = Field(default_factory=CatalogConfig)
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
@@ -179,6 +251,24 @@ class Settings(BaseSettings):
     health: HealthConfig = Field(default_factory=HealthConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Highest priority first. ``Settings(...)`` built in code reads its arguments and
+        ``LOCKSTEP_<SECTION>__<FIELD>`` only; ``load_settings`` adds the file and the short aliases."""
+        plan = _PLAN.get()
+        if plan is None:
+            return (init_settings, env_settings)
+        file = (YamlConfigSettingsSource(settings_cls, yaml_file=plan),) if plan else ()
+        return (init_settings, _AliasSource(settings_cls), env_settings, *file,
+                _AliasSource(settings_cls, enables=True))
+
     @field_validator("db_url")
     @classmethod
     def _db_url(cls, v: str) -> str:
@@ -188,14 +278,50 @@ class Settings(BaseSettings):
             return f"sqlite:///{os.path.abspath(os.path.expanduser(v))}"
         return v
 
+    @model_validator(mode="after")
+    def _db_url_from_file(self) -> Settings:
+        inline = SecretStr(self.db_url) if "db_url" in self.model_fields_set else None
+        url = _secret_or_file(inline, self.db_url_file, "db_url_file", "db_url (LOCKSTEP_DB)")
+        if url is not None and self.db_url_file:
+            self.db_url = self._db_url(url.get_secret_value())
+        return self
+
+    def secret_values(self) -> list[str]:
+        """The secrets this configuration holds in plain text, for the log redactor."""
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        out = [s.get_secret_value() for s in (self.slurm.token, self.vast.api_key, self.tracker.webhook_url) if s]
+        try:
+            password = make_url(self.db_url).password
+        except (ArgumentError, ValueError):
+            password = None
+        return [*out, *([str(password)] if password else [])]
+
     def masked(self) -> dict[str, Any]:
-        """The effective configuration as JSON-ready data, secrets masked."""
-        return self.model_dump(mode="json")
+        """The effective configuration as JSON-ready data, secrets masked (the database password too)."""
+        data = self.model_dump(mode="json")
+        data["db_url"] = mask_db_url(self.db_url)
+        return data
 
 
-_ALIASES: dict[str, tuple[str, str]] = {
-    # env var → (section, field); setting a URL or key also enables the provider
-    "LOCKSTEP_DB": ("", "db_url"),
+def mask_db_url(url: str) -> str:
+    """The URL with its password replaced by ``***``; an URL that does not parse is masked whole."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return "**********"
+
+
+# --------------------------------------------------------------------------- sources
+
+PROVIDERS = ("slurm", "aws", "vast")
+ALIASES: dict[str, tuple[str, ...]] = {
+    # env var → key path; setting a provider's one also enables it (unless the file or env says otherwise)
+    "LOCKSTEP_DB": ("db_url",),
     "LOCKSTEP_AWS_ENDPOINT_URL": ("aws", "endpoint_url"),
     "LOCKSTEP_VAST_URL": ("vast", "url"),
     "LOCKSTEP_VAST_API_KEY": ("vast", "api_key"),
@@ -203,36 +329,421 @@ _ALIASES: dict[str, tuple[str, str]] = {
     "LOCKSTEP_SLURM_TOKEN": ("slurm", "token"),
     "LOCKSTEP_SLURM_USER": ("slurm", "user"),
 }
+# Secrets: where each belongs instead of inline in the file (a mounted file, or the environment).
+SECRETS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("slurm", "token"): ("slurm.token_file", "LOCKSTEP_SLURM_TOKEN"),
+    ("vast", "api_key"): ("vast.api_key_file", "LOCKSTEP_VAST_API_KEY"),
+    ("tracker", "webhook_url"): ("tracker.webhook_url_file", "LOCKSTEP_TRACKER__WEBHOOK_URL"),
+    ("db_url",): ("db_url_file", "LOCKSTEP_DB"),
+}
+CREDENTIALS: dict[str, tuple[tuple[str, ...], ...]] = {  # provider → keys any one of which is its credential
+    "slurm": (("slurm", "token"), ("slurm", "token_file")),
+    "vast": (("vast", "api_key"), ("vast", "api_key_file")),
+}
+# While load_settings runs: the file it reads ("" for none). Unset: Settings(...) built in code.
+_PLAN: ContextVar[str | None] = ContextVar("lockstep_config_file", default=None)
 
 
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v)
-        else:
-            out[k] = v
-    return out
+def _put(data: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        data = data.setdefault(key, {})
+    data[path[-1]] = value
+
+
+class _AliasSource(PydanticBaseSettingsSource):
+    """The short environment names. With ``enables``: only ``enabled: true`` for each provider one
+    of whose names is set; it has the lowest priority, so the file or ``LOCKSTEP_<P>__ENABLED`` wins."""
+
+    def __init__(self, settings_cls: type[BaseSettings], *, enables: bool = False) -> None:
+        super().__init__(settings_cls)
+        self.enables = enables
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # __call__ builds the whole mapping
+
+    def __call__(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for var, path in ALIASES.items():
+            value = os.environ.get(var)
+            if not value:
+                continue
+            if not self.enables:
+                _put(out, path, value)
+            elif path[0] in PROVIDERS:
+                _put(out, (path[0], "enabled"), True)
+        return out
+
+
+# --------------------------------------------------------------------------- problems
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One mistake in the configuration: the key path, what is wrong, and where it was written."""
+
+    key: str
+    message: str
+    where: str = ""  # "FILE:LINE", "FILE", or the environment variable
+
+    def __str__(self) -> str:
+        head = f"{self.where}: " if self.where else ""
+        return f"{head}{self.key}: {self.message}" if self.key else f"{head}{self.message}"
+
+
+class ConfigError(SpecError):
+    """The configuration has mistakes: bad input (CLI exit 2), one line naming the first of them."""
+
+    def __init__(self, problems: list[Problem], file: str | None = None) -> None:
+        self.problems = problems
+        self.field, self.reason = problems[0].key, problems[0].message
+        more = len(problems) - 1
+        tail = f" (and {more} more: run `lockstep config check{' ' + file if file else ''}`)" if more else ""
+        LockstepError.__init__(self, f"{problems[0]}{tail}")
+
+
+@dataclass(frozen=True)
+class _Layer:
+    source: str  # "override", "env", "file"
+    data: Mapping[str, Any]
+    origins: Mapping[tuple[Any, ...], str]  # key path → "FILE:LINE" / env var name ({} = compute)
+
+    def has(self, path: tuple[Any, ...]) -> bool:
+        node: Any = self.data
+        for key in path:
+            if isinstance(node, Mapping) and key in node:
+                node = node[key]
+            elif isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node):
+                node = node[key]
+            else:
+                return False
+        return True
+
+    def get(self, path: tuple[Any, ...]) -> Any:
+        node: Any = self.data
+        for key in path:
+            node = node[key]
+        return node
+
+    def origin(self, path: tuple[Any, ...]) -> str:
+        for n in range(len(path), -1, -1):  # the key itself, else the nearest enclosing one
+            if path[:n] in self.origins:
+                return self.origins[path[:n]]
+        return ""
+
+
+def _yaml_lines(node: yaml.Node, path: tuple[Any, ...], where: str, out: dict[tuple[Any, ...], str]) -> None:
+    """Key path → "FILE:LINE" of the key (the line a person looks for)."""
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value in node.value:
+            key = (key_node.value,) if isinstance(key_node, yaml.ScalarNode) else ()
+            if key:
+                out[path + key] = f"{where}:{key_node.start_mark.line + 1}"
+                _yaml_lines(value, path + key, where, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out[(*path, i)] = f"{where}:{item.start_mark.line + 1}"
+            _yaml_lines(item, (*path, i), where, out)
+
+
+def _read_file(path: str) -> tuple[dict[str, Any], dict[tuple[Any, ...], str]]:
+    """The file's mapping and its key lines; a file that cannot be read or is not a mapping is a problem."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([Problem("", f"cannot read the configuration file ({exc.strerror})", path)]) from None
+    except UnicodeDecodeError:
+        raise ConfigError([Problem("", "the configuration file is not UTF-8 text", path)]) from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}" if mark else path
+        raise ConfigError([Problem("", f"not valid YAML: {exc.problem or exc.context}", where)]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([Problem("", f"not valid YAML: {type(exc).__name__}", path)]) from None
+    except RecursionError:
+        raise ConfigError([Problem("", "not valid YAML: nested too deeply", path)]) from None
+    if data is None:
+        return {}, {}
+    if not isinstance(data, dict):
+        raise ConfigError([Problem("", f"the top level must be a mapping of sections, not a {type(data).__name__}",
+                                   f"{path}:1")])
+    lines: dict[tuple[Any, ...], str] = {}
+    if node is not None:
+        _yaml_lines(node, (), path, lines)
+    return data, lines
+
+
+def _env_name(path: tuple[Any, ...]) -> str:
+    return "LOCKSTEP_" + "__".join(str(k) for k in path).upper()
+
+
+class _Layers:
+    """Every source's own data, highest priority first, to say where a value (or a mistake) came from."""
+
+    def __init__(self, config_file: str | None, overrides: Mapping[str, Any]) -> None:
+        self.file = config_file
+        file_data, lines = _read_file(config_file) if config_file else ({}, {})
+        alias_origins = {path: var for var, path in ALIASES.items() if os.environ.get(var)}
+        enables = _AliasSource(Settings, enables=True)()
+        enable_origins = {(path[0], "enabled"): var for path, var in alias_origins.items() if path[0] in enables}
+        env = EnvSettingsSource(Settings)()
+        self.layers = [
+            _Layer("override", overrides, {}),
+            _Layer("env", _AliasSource(Settings)(), alias_origins),
+            _Layer("env", env, {}),
+            _Layer("file", file_data, lines),
+            _Layer("env", enables, enable_origins),
+        ]
+
+    def find(self, path: tuple[Any, ...]) -> tuple[str, str] | None:
+        """(source, origin) of the value at ``path``, or None for a default."""
+        for layer in self.layers:
+            if layer.has(path):
+                return layer.source, self._origin(layer, path)
+        return None
+
+    def value(self, path: tuple[Any, ...]) -> Any:
+        for layer in self.layers:
+            if layer.has(path):
+                return layer.get(path)
+        return None
+
+    def locate(self, path: tuple[Any, ...]) -> tuple[str, str]:
+        """Where a problem at ``path`` was written: the layer holding the longest part of the path."""
+        for n in range(len(path), 0, -1):
+            for layer in self.layers:
+                if layer.has(path[:n]):
+                    return layer.source, self._origin(layer, path[:n])
+        return "", self.file or ""
+
+    def _origin(self, layer: _Layer, path: tuple[Any, ...]) -> str:
+        if layer.source == "env" and not layer.origins:
+            return _env_name(path)
+        if layer.source == "override":
+            return "command line"
+        return layer.origin(path)
+
+    # ------------------------------------------------------------------ validation errors
+    def problems(self, exc: ValidationError) -> list[Problem]:
+        out: list[Problem] = []
+        for err in exc.errors(include_url=False):
+            loc = tuple(err["loc"])
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            head, sep, rest = msg.partition(": ")
+            model = _model_at(loc)
+            if sep and model is not None and head in model.model_fields:  # "field: reason" from a validator
+                loc, msg = (*loc, head), rest
+            source, where = self.locate(loc)
+            if err["type"] == "extra_forbidden":
+                msg = self._unknown(loc, source)
+            elif err["type"] != "missing" and not _is_secret(loc) and _scalar(err.get("input")):
+                msg = f"{msg} (got {_short(err['input'])})"
+            out.append(Problem(_dotted(loc), msg, where))
+        return out
+
+    @staticmethod
+    def _unknown(loc: tuple[Any, ...], source: str) -> str:
+        model = _model_at(loc[:-1])
+        known = list(model.model_fields) if model is not None else []
+        close = difflib.get_close_matches(str(loc[-1]).lower(), known, n=1, cutoff=0.6)
+        if not close:
+            return "unknown key" + (f" (known here: {', '.join(known)})" if known else "")
+        hint = _env_name((*loc[:-1], close[0])) if source == "env" else close[0]
+        return f"unknown key; did you mean '{hint}'?"
+
+    # ------------------------------------------------------------------ what loads but cannot work
+    def semantic(self) -> list[Problem]:
+        out: list[Problem] = []
+        for provider, keys in CREDENTIALS.items():
+            enabled = self.value((provider, "enabled"))
+            if not _truthy(enabled):
+                continue
+            present = [k for k in keys if self.value(k) not in (None, "")]
+            if not present:
+                secret, env = SECRETS[keys[0]]
+                out.append(Problem(f"{provider}.enabled",
+                                   f"{provider} is enabled but has no credential: set {secret} or {env}",
+                                   self.locate((provider, "enabled"))[1]))
+            for key in present:
+                if key[-1].endswith("_file") and isinstance(self.value(key), str):
+                    try:
+                        _read_secret_file(self.value(key))
+                    except ValueError as exc:
+                        out.append(Problem(_dotted(key), str(exc), self.locate(key)[1]))
+        db = self.value(("db_url",))
+        if isinstance(db, str) and "://" in db:
+            reason = db_url_problem(db)
+            if reason:
+                out.append(Problem("db_url", reason, self.locate(("db_url",))[1]))
+        file_layer = self.layers[3]
+        for path, (ref, env) in SECRETS.items():
+            if not file_layer.has(path) or file_layer.get(path) in (None, ""):
+                continue
+            if path == ("db_url",) and not _has_password(str(file_layer.get(path))):
+                continue
+            out.append(Problem(_dotted(path), f"a secret written inline in the file: put it in {ref} "
+                                              f"(a mounted secret) or the environment ({env})",
+                               file_layer.origin(path)))
+        return out
+
+
+def db_url_problem(url: str) -> str:
+    """Why a database URL cannot be used, or "" (never repeats the URL: it may carry a password)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return "cannot parse the database URL (expected sqlite:///PATH or postgresql+psycopg://USER@HOST/DB)"
+    backend = parsed.get_backend_name()
+    if backend == "postgres":  # libpq's spelling, which SQLAlchemy does not take
+        return "the scheme 'postgres://' is not SQLAlchemy's: write postgresql+psycopg://USER@HOST/DB"
+    if backend not in ("sqlite", "postgresql"):
+        return f"unsupported database {backend!r}: the store runs on SQLite or PostgreSQL"
+    try:
+        parsed.get_dialect()
+    except NoSuchModuleError:
+        return f"unknown database driver {parsed.drivername!r} (use postgresql+psycopg:// or sqlite:///)"
+    if backend == "postgresql" and not parsed.database:
+        return "the PostgreSQL URL names no database"
+    return ""
+
+
+def _has_password(url: str) -> bool:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return bool(make_url(url).password)
+    except (ArgumentError, ValueError):
+        return "@" in url  # unparsable, but user:pass@host is the likely shape
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class that holds the values at ``loc`` (list indexes and dict keys skipped)."""
+    import typing
+
+    model: type[BaseModel] | None = Settings
+    for key in loc:
+        if model is None:
+            return None
+        field = model.model_fields.get(str(key)) if not isinstance(key, int) else None
+        if field is None:
+            if isinstance(key, int):
+                continue
+            return None
+        found: type[BaseModel] | None = None
+        todo = [field.annotation]
+        while todo:
+            t = todo.pop()
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                found = t
+                break
+            todo.extend(typing.get_args(t))
+        model = found
+    return model
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(k) for k in loc)
+
+
+def _is_secret(loc: tuple[Any, ...]) -> bool:
+    return any(tuple(loc[: len(p)]) == p for p in SECRETS)
+
+
+def _scalar(v: Any) -> bool:
+    return isinstance(v, str | int | float | bool) or v is None
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _truthy(v: Any) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() in ("1", "true", "yes", "on", "y", "t")
+    return v is True or v == 1
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def _config_path(config_file: str | os.PathLike[str] | None) -> str | None:
+    path = config_file or os.environ.get("LOCKSTEP_CONFIG")
+    return os.fspath(path) if path else None
 
 
 def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
-    """Build the settings from defaults, file, environment and explicit overrides."""
-    file_data: dict[str, Any] = {}
-    path = config_file or os.environ.get("LOCKSTEP_CONFIG")
-    if path:
-        with open(path, encoding="utf-8") as fh:
-            file_data = yaml.safe_load(fh) or {}
-    env_settings = Settings()  # environment (LOCKSTEP_SECTION__FIELD)
-    data = _deep_merge(file_data, env_settings.model_dump(exclude_unset=True))
-    for var, (section, field) in _ALIASES.items():
-        value = os.environ.get(var)
-        if not value:
-            continue
-        if section:
-            data.setdefault(section, {})[field] = value
-            if section in ("aws", "vast", "slurm"):
-                data[section].setdefault("enabled", True)
-        else:
-            data[field] = value
-    data = _deep_merge(data, overrides)
-    return Settings.model_validate(data)
+    """Build the settings from defaults, file, environment and explicit overrides.
+
+    Raises :class:`ConfigError` (bad input) listing every unknown key and wrong value.
+    """
+    path = _config_path(config_file)
+    layers = _Layers(path, overrides)
+    token = _PLAN.set(path or "")
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(layers.problems(exc), path) from None
+    finally:
+        _PLAN.reset(token)
+    register_secrets(settings.secret_values())  # masked in every log line from now on
+    return settings
+
+
+def check_config(config_file: str | os.PathLike[str] | None = None) -> list[Problem]:
+    """Every problem of the configuration as it would load here (file + environment), at once."""
+    path = _config_path(config_file)
+    try:
+        layers = _Layers(path, {})
+    except ConfigError as exc:
+        return exc.problems
+    problems: list[Problem] = []
+    try:
+        load_settings(path)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    problems += layers.semantic()
+
+    def in_file_order(p: Problem) -> tuple[int, int, str]:
+        head, _, line = p.where.rpartition(":")
+        return (0, int(line), "") if path and head == path and line.isdigit() else (1, 0, p.where)
+
+    return sorted(dict.fromkeys(problems), key=in_file_order)  # a file both checks read is said once
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One effective setting for `lockstep config show`."""
+
+    key: str
+    value: Any  # JSON-ready, secrets masked
+    source: str  # "default", "file", "env", "override"
+    origin: str  # "FILE:LINE", the environment variable, or ""
+
+
+def effective(config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> Iterator[Entry]:
+    """Each leaf setting with its masked value and where it came from."""
+    path = _config_path(config_file)
+    layers = _Layers(path, overrides)
+    settings = load_settings(path, **overrides)
+    data = settings.masked()
+    from_file = {("vast", "api_key"): ("vast", "api_key_file"),
+                 ("tracker", "webhook_url"): ("tracker", "webhook_url_file"), ("db_url",): ("db_url_file",)}
+
+    def walk(model: type[BaseModel], node: Mapping[str, Any], prefix: tuple[str, ...]) -> Iterator[Entry]:
+        for name, field in model.model_fields.items():
+            path, sub = (*prefix, name), field.annotation
+            if isinstance(sub, type) and issubclass(sub, BaseModel):  # a section: its fields are the leaves
+                yield from walk(sub, node[name], path)
+                continue
+            found = layers.find(path) or (layers.find(from_file[path]) if path in from_file else None)
+            source, origin = found if found else ("default", "")
+            yield Entry(_dotted(path), node.get(name), source, origin)
+
+    yield from walk(Settings, data, ())

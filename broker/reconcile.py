@@ -1,18 +1,24 @@
 """Reconciliation: after a crash (or on any start), make the store and the providers agree.
 
-Every provider lists what this installation owns there (by tag, label or job
-comment). Then:
+One pass runs four phases, in this order:
 
-(a) what belongs to a live job is adopted (its allocation record completed, or
-    written if the crash came between the provider call and the record);
-(b) what belongs to no live job — or duplicates a job's allocation — is released;
-(c) jobs stuck in ``placing`` go on to ``provisioning`` when they hold an
-    allocation, else back to ``pending``; intents the provider never acted on
-    are marked failed; ``provisioning``/``running`` jobs whose allocation is gone
-    are requeued.
+1. **List** (:meth:`_Pass.list_owned`): every provider that can launch lists what this
+   installation owns there (by tag, label or job comment).
+2. **Settle what they hold** (:meth:`_Pass.settle_held`): what belongs to a live job is
+   adopted (its allocation record completed, or written if the crash came between the
+   provider call and the record); what belongs to no live job, or duplicates a job's
+   allocation, is released.
+3. **Fail intents never acted on** (:meth:`_Pass.fail_unacted_intents`): an intent the
+   provider shows nothing for is marked failed.
+4. **Resolve jobs left mid-way** (:meth:`_Pass.resolve_jobs`): jobs stuck in ``placing``
+   go on to ``provisioning`` when they hold an allocation, else back to ``pending``;
+   ``provisioning``/``running`` jobs whose allocation is gone are requeued.
 
 A provider that cannot be listed is left alone: nothing of it is released and
-none of its jobs is requeued on a guess.
+none of its jobs is requeued on a guess. Job state changes go through
+broker/lifecycle.py. Adopting a record and failing an intent are compare-and-sets
+on the allocation's state (``expected=``), so a launcher or the poll loop that
+decided meanwhile wins.
 """
 
 from __future__ import annotations
@@ -26,14 +32,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from broker.errors import ConflictError, NotFoundError, ProviderError
-from broker.models import (
-    Allocation,
-    AllocationState,
-    Job,
-    JobState,
-    QuoteOption,
-    utcnow,
-)
+from broker.lifecycle import HOLDING, JobLifecycle
+from broker.models import Allocation, AllocationState, Job, JobState, utcnow
 from broker.store import LIVE_STATES
 from providers.base import Provider
 from providers.capabilities import Launches
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HOLDING = (JobState.placing, JobState.provisioning, JobState.running)
 LIVE_ALLOC = LIVE_STATES  # the store's definition of a live allocation (its one-live-per-job index)
 
 
@@ -72,6 +71,7 @@ async def reconcile(
     clock: Callable[[], datetime] = utcnow,
     stale_after: timedelta = timedelta(minutes=5),
     exclusive: bool | None = None,
+    lifecycle: JobLifecycle | None = None,
 ) -> ReconcileReport:
     """Make the store and the providers agree (see the module's doc); returns what was done.
 
@@ -79,136 +79,179 @@ async def reconcile(
     placing is a crash's leftover and is resolved at once. Default: at start-up on SQLite (one broker
     process per file). Otherwise (PostgreSQL replicas, or a periodic pass beside this process's own
     placement loop) intents and placing jobs younger than ``stale_after`` are left alone.
+    ``lifecycle``: the job state changes to use (one over ``store`` when not given).
     """
-    db = asyncio.to_thread
-    report = ReconcileReport()
-    now = clock()
-    single_writer = bool(getattr(store, "is_sqlite", False)) if exclusive is None else exclusive
+    single_writer = store.is_sqlite if exclusive is None else exclusive
+    run = _Pass(store, lifecycle or JobLifecycle(store, clock=clock), now=clock(), single_writer=single_writer,
+                stale_after=stale_after)
+    owned = await run.list_owned(providers)
+    await run.settle_held(providers, owned)
+    await run.fail_unacted_intents(owned)
+    await run.resolve_jobs()
+    return run.report
 
-    def may_be_in_flight(since: datetime) -> bool:
+
+class _Pass:
+    """One reconciliation pass: its moment, its report, and the jobs it has read."""
+
+    def __init__(self, store: Store, lifecycle: JobLifecycle, *, now: datetime, single_writer: bool,
+                 stale_after: timedelta) -> None:
+        self.store = store
+        self.lifecycle = lifecycle
+        self.now = now
+        self.single_writer = single_writer
+        self.stale_after = stale_after
+        self.report = ReconcileReport()
+        self._jobs: dict[str, Job | None] = {}
+
+    def may_be_in_flight(self, since: datetime) -> bool:
         """A placement this recent may still be running (here or in a replica): not ours to decide."""
-        return not single_writer and now - since < stale_after
+        return not self.single_writer and self.now - since < self.stale_after
 
-    owned: dict[str, list[Allocation]] = {}
-    for name, p in providers.items():
-        if not isinstance(p, Launches):
-            continue
-        try:
-            owned[name] = await p.owned()
-        except (ProviderError, OSError) as exc:
-            report.unreachable[name] = str(exc)[:200]
-            log.warning("reconcile: cannot list %s: %s", name, exc)
-
-    jobs: dict[str, Job | None] = {}
-
-    async def job_of(job_id: str) -> Job | None:
-        if job_id not in jobs:
+    async def job_of(self, job_id: str) -> Job | None:
+        """The job (read once a pass), or None when the store has no such job."""
+        if job_id not in self._jobs:
             try:
-                jobs[job_id] = await db(store.get_job, job_id)
+                self._jobs[job_id] = await asyncio.to_thread(self.store.get_job, job_id)
             except NotFoundError:
-                jobs[job_id] = None
-        return jobs[job_id]
+                self._jobs[job_id] = None
+        return self._jobs[job_id]
 
-    async def release(p: Provider, a: Allocation, why: str, record: Allocation | None) -> None:
+    async def release(self, p: Provider, a: Allocation, why: str, record: Allocation | None) -> None:
+        """Give ``a`` back to ``p``; once it is gone, record ``record`` (if any) as released. A failed
+        release changes nothing: the next pass tries again."""
         try:
             await p.release(a)
         except ProviderError as exc:
             log.warning("reconcile: release of %s at %s failed: %s", a.resource_ids, p.name, exc)
             return
-        report.released.append(f"{p.name}:{','.join(a.resource_ids) or a.id} ({why})")
+        self.report.released.append(f"{p.name}:{','.join(a.resource_ids) or a.id} ({why})")
         if record is not None:
-            await db(store.update_allocation, record.id, state=AllocationState.released, reason=why)
+            await asyncio.to_thread(self.store.update_allocation, record.id, state=AllocationState.released,
+                                    reason=why)
 
-    # (a) and (b): walk what the providers hold.
-    for name, items in owned.items():
-        p = providers[name]
-        for a in items:
-            job = await job_of(a.job_id) if a.job_id else None
-            records = await db(store.allocations, a.job_id) if job else []
-            mine = next((r for r in records if r.provider == name and _same(a, r)), None)
-            live_other = [r for r in records if r.state in LIVE_ALLOC and r is not mine and r.resource_ids]
-            if job is None or job.state not in HOLDING:
-                state = job.state.value if job else "unknown"
-                await release(p, a, f"belongs to no live job (job {a.job_id or '?'} is {state})", mine)
-            elif live_other:
-                await release(p, a, f"duplicate: job {job.id} already holds {live_other[0].id}", mine)
-            elif mine is not None:
-                if mine.state is AllocationState.intent and may_be_in_flight(mine.created_at):
-                    continue  # a launch in flight (this process's or a replica's): its launcher records it
-                update: dict[str, Any] = {"resource_ids": a.resource_ids or mine.resource_ids}
-                if mine.state in (AllocationState.intent, AllocationState.failed, AllocationState.unknown):
-                    update["state"] = a.state if a.state not in (AllocationState.intent, AllocationState.unknown) \
-                        else AllocationState.pending
-                try:  # only over what we read: a launcher or the poll loop may have decided since
-                    await db(store.update_allocation, mine.id, expected={mine.state}, **update)
-                except ConflictError:
-                    if (await db(store.get_allocation, mine.id)).state is not mine.state:
-                        continue  # decided meanwhile: the next pass looks again
-                    # Same state: the job took another live allocation since we read (a replica's).
-                    await release(p, a, f"duplicate: job {job.id} holds another live allocation", mine)
-                    continue
-                report.adopted.append(mine.id)
-            else:
-                started = a.state in (AllocationState.pending, AllocationState.running, AllocationState.unknown)
-                rec = a.model_copy(update={"state": a.state if started else AllocationState.pending})
-                try:
-                    rec = await db(store.add_allocation, rec)
-                except ConflictError:
-                    await release(p, a, f"duplicate: job {job.id} holds another live allocation", None)
-                    continue
-                report.adopted.append(rec.id)
+    # ------------------------------------------------------------------ 1. list
+    async def list_owned(self, providers: Mapping[str, Provider]) -> dict[str, list[Allocation]]:
+        """What each launching provider holds for this installation. One that cannot be listed is named in
+        the report's ``unreachable`` and left out: nothing of it is decided on a guess."""
+        owned: dict[str, list[Allocation]] = {}
+        for name, p in providers.items():
+            if not isinstance(p, Launches):
+                continue
+            try:
+                owned[name] = await p.owned()
+            except (ProviderError, OSError) as exc:
+                self.report.unreachable[name] = str(exc)[:200]
+                log.warning("reconcile: cannot list %s: %s", name, exc)
+        return owned
 
-    # (c) intents the provider never acted on.
-    for rec in await db(store.live_allocations):
-        if rec.state is not AllocationState.intent or rec.provider not in owned:
-            continue
-        if any(_same(a, rec) for a in owned[rec.provider]):
-            continue
-        # With replicas, a recent intent is most likely another replica's launch in flight, which our
-        # listing of the provider (taken before) cannot show yet, whatever state its job is in by now.
-        if may_be_in_flight(rec.created_at):
-            continue
-        # Look again just before failing it: its launch may have completed since we read it. (Failing
-        # a completed one would requeue its job and leak what it launched.)
-        current = await db(store.get_allocation, rec.id)
-        if current.state is not AllocationState.intent or current.resource_ids:
-            continue
-        try:  # only if it is still an intent: a launch completing now must win
-            await db(store.update_allocation, rec.id, expected={AllocationState.intent},
-                     state=AllocationState.failed, reason="launch did not complete before a broker restart")
-        except ConflictError:
-            continue
-        report.failed_intents.append(rec.id)
+    # ------------------------------------------------------------------ 2. adopt or release what they hold
+    async def settle_held(self, providers: Mapping[str, Provider], owned: Mapping[str, list[Allocation]]) -> None:
+        """Walk what the providers hold: adopt what a live job owns, release the rest."""
+        for name, items in owned.items():
+            for a in items:
+                await self.settle_one(name, providers[name], a)
 
-    # (c) jobs left mid-way.
-    for job in await db(store.jobs_in_states, list(HOLDING)):
-        if job.state is JobState.placing and may_be_in_flight(job.updated_at):
-            continue
-        records = await db(store.allocations, job.id)
-        live = [r for r in records if r.state in LIVE_ALLOC and r.state is not AllocationState.intent]
-        unreachable = any(r.provider in report.unreachable for r in records if r.state in LIVE_ALLOC)
+    async def settle_one(self, name: str, p: Provider, a: Allocation) -> None:
+        """One allocation ``p`` (configured as ``name``) holds: release it when its job is not live or
+        already holds another live allocation; else adopt it (complete its record, or write the one a crash
+        never wrote)."""
+        job = await self.job_of(a.job_id) if a.job_id else None
+        records = await asyncio.to_thread(self.store.allocations, a.job_id) if job else []
+        mine = next((r for r in records if r.provider == name and _same(a, r)), None)
+        live_other = [r for r in records if r.state in LIVE_ALLOC and r is not mine and r.resource_ids]
+        if job is None or job.state not in HOLDING:
+            state = job.state.value if job else "unknown"
+            await self.release(p, a, f"belongs to no live job (job {a.job_id or '?'} is {state})", mine)
+        elif live_other:
+            await self.release(p, a, f"duplicate: job {job.id} already holds {live_other[0].id}", mine)
+        elif mine is not None:
+            await self.adopt_into(p, a, job, mine)
+        else:
+            await self.adopt_unrecorded(p, a, job)
+
+    async def adopt_into(self, p: Provider, a: Allocation, job: Job, mine: Allocation) -> None:
+        """Complete the record ``mine`` with what the provider shows (``a``), unless its launch may still be
+        in flight; over what we read only, since a launcher or the poll loop may have decided since."""
+        if mine.state is AllocationState.intent and self.may_be_in_flight(mine.created_at):
+            return  # a launch in flight (this process's or a replica's): its launcher records it
+        update: dict[str, Any] = {"resource_ids": a.resource_ids or mine.resource_ids}
+        if mine.state in (AllocationState.intent, AllocationState.failed, AllocationState.unknown):
+            update["state"] = a.state if a.state not in (AllocationState.intent, AllocationState.unknown) \
+                else AllocationState.pending
         try:
-            if job.state is JobState.placing:
-                if live:
-                    rec = live[0]
-                    placement = QuoteOption.model_validate_json(rec.attrs["option"]) if "option" in rec.attrs \
-                        else None
-                    await db(store.transition, job.id, JobState.provisioning,
-                             f"adopted {rec.provider} allocation {rec.id} after a broker restart",
-                             {"allocation": rec.id}, {JobState.placing}, placement=placement)
-                    report.to_provisioning.append(job.id)
-                elif not unreachable:
-                    await db(store.transition, job.id, JobState.pending,
-                             "requeued: placement was interrupted by a broker restart", {}, {JobState.placing})
-                    report.requeued.append(job.id)
-            elif not live and not unreachable:
-                if job.state is JobState.running:
-                    await db(store.transition, job.id, JobState.preempted, "allocation gone at the provider",
-                             {}, {JobState.running}, preemptions=job.preemptions + 1)
-                await db(store.transition, job.id, JobState.pending,
-                         "requeued: its allocation is gone at the provider", {},
-                         {JobState.provisioning, JobState.preempted})
-                report.requeued.append(job.id)
+            await asyncio.to_thread(self.store.update_allocation, mine.id, expected={mine.state}, **update)
         except ConflictError:
-            continue
-    return report
+            if (await asyncio.to_thread(self.store.get_allocation, mine.id)).state is not mine.state:
+                return  # decided meanwhile: the next pass looks again
+            # Same state: the job took another live allocation since we read (a replica's).
+            await self.release(p, a, f"duplicate: job {job.id} holds another live allocation", mine)
+            return
+        self.report.adopted.append(mine.id)
+
+    async def adopt_unrecorded(self, p: Provider, a: Allocation, job: Job) -> None:
+        """Write the record a crash between the provider call and its record never wrote; when the job took
+        another live allocation meanwhile (the store allows one), release this one instead."""
+        started = a.state in (AllocationState.pending, AllocationState.running, AllocationState.unknown)
+        rec = a.model_copy(update={"state": a.state if started else AllocationState.pending})
+        try:
+            rec = await asyncio.to_thread(self.store.add_allocation, rec)
+        except ConflictError:
+            await self.release(p, a, f"duplicate: job {job.id} holds another live allocation", None)
+            return
+        self.report.adopted.append(rec.id)
+
+    # ------------------------------------------------------------------ 3. intents never acted on
+    async def fail_unacted_intents(self, owned: Mapping[str, list[Allocation]]) -> None:
+        """Mark failed every intent its (listed) provider shows nothing for, once it cannot be a launch in
+        flight; only if it is still an intent, so a launch completing now wins."""
+        for rec in await asyncio.to_thread(self.store.live_allocations):
+            if rec.state is not AllocationState.intent or rec.provider not in owned:
+                continue
+            if any(_same(a, rec) for a in owned[rec.provider]):
+                continue
+            # With replicas, a recent intent is most likely another replica's launch in flight, which our
+            # listing of the provider (taken before) cannot show yet, whatever state its job is in by now.
+            if self.may_be_in_flight(rec.created_at):
+                continue
+            # Look again just before failing it: its launch may have completed since we read it. (Failing
+            # a completed one would requeue its job and leak what it launched.)
+            current = await asyncio.to_thread(self.store.get_allocation, rec.id)
+            if current.state is not AllocationState.intent or current.resource_ids:
+                continue
+            try:
+                await asyncio.to_thread(self.store.update_allocation, rec.id, expected={AllocationState.intent},
+                                        state=AllocationState.failed,
+                                        reason="launch did not complete before a broker restart")
+            except ConflictError:
+                continue
+            self.report.failed_intents.append(rec.id)
+
+    # ------------------------------------------------------------------ 4. jobs left mid-way
+    async def resolve_jobs(self) -> None:
+        """Every job in placing, provisioning or running: see :meth:`resolve_job`."""
+        for job in await asyncio.to_thread(self.store.jobs_in_states, list(HOLDING)):
+            if job.state is JobState.placing and self.may_be_in_flight(job.updated_at):
+                continue
+            try:
+                await self.resolve_job(job)
+            except ConflictError:
+                continue  # another writer moved it first
+
+    async def resolve_job(self, job: Job) -> None:
+        """A job left in placing goes on to provisioning when it holds a live allocation, else back to
+        pending; a provisioning or running job with no live allocation record left is requeued. A job with
+        a live record (an intent included) at a provider that could not be listed is not requeued."""
+        records = await asyncio.to_thread(self.store.allocations, job.id)
+        live = [r for r in records if r.state in LIVE_ALLOC and r.state is not AllocationState.intent]
+        unreachable = any(r.provider in self.report.unreachable for r in records if r.state in LIVE_ALLOC)
+        if job.state is JobState.placing:
+            if live:
+                await self.lifecycle.adopt(job.id, live[0])
+                self.report.to_provisioning.append(job.id)
+            elif not unreachable:
+                await self.lifecycle.requeue_interrupted(job.id)
+                self.report.requeued.append(job.id)
+        elif not live and not unreachable:
+            await self.lifecycle.requeue_lost(job)
+            self.report.requeued.append(job.id)

@@ -11,6 +11,8 @@ Crash safety: the allocation is written to the store as an *intent* (with the
 idempotency token the provider will see) and the attempt counter is persisted
 *before* the provider is called; the result is recorded after. Reconciliation
 (broker/reconcile.py) finishes whatever a crash interrupted.
+
+The job's state changes (launched, back to pending) go through broker/lifecycle.py.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +36,7 @@ from broker.errors import (
     ProviderError,
     QuotaError,
 )
+from broker.lifecycle import JobLifecycle, LaunchTry
 from broker.market import Marketplace
 from broker.models import (
     Allocation,
@@ -75,11 +79,26 @@ def single_unit(offer: Offer) -> bool:
     return offer.max_nodes == 1 and not offer.divisible
 
 
-class Placement:
-    """The outcome of one placement pass for one job (for callers and tests)."""
+@dataclass(frozen=True)
+class PlacementResult:
+    """The outcome of one placement pass for one job (for callers and tests): the job as it stands after
+    the pass, whether it was placed, why, and the launch tries that failed on the way."""
 
-    def __init__(self, job: Job, placed: bool, reason: str, tries: list[dict[str, Any]]) -> None:
-        self.job, self.placed, self.reason, self.tries = job, placed, reason, tries
+    job: Job
+    placed: bool
+    reason: str
+    tries: list[LaunchTry] = field(default_factory=list)
+
+
+def error_kind(exc: ProviderError) -> str:
+    """How a try's error is named in its record (see :class:`~broker.lifecycle.LaunchTry`)."""
+    if isinstance(exc, CapacityError):
+        return "capacity"
+    if isinstance(exc, QuotaError):
+        return "quota"
+    if isinstance(exc, ProviderAuthError):
+        return "auth"
+    return type(exc).__name__
 
 
 class Router:
@@ -92,11 +111,13 @@ class Router:
         clock: Callable[[], datetime] = utcnow,
         preemption_rates: Callable[[], dict[tuple[str, str, str], float]] | None = None,
         on_placed: Callable[[str, str], None] | None = None,
+        lifecycle: JobLifecycle | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.market = market
         self.clock = clock
+        self.lifecycle = lifecycle or JobLifecycle(store, market.providers, clock=clock)
         self.preemption_rates = preemption_rates or (lambda: {})
         self.on_placed = on_placed  # metrics hook: (provider, outcome)
         self._taken: set[str] = set()  # single-unit offers launched on since the last refresh
@@ -190,7 +211,7 @@ class Router:
         )
 
     # ------------------------------------------------------------------ placing
-    async def place(self, job: Job, unhealthy: dict[tuple[str, str], str] | None = None) -> Placement:
+    async def place(self, job: Job, unhealthy: dict[tuple[str, str], str] | None = None) -> PlacementResult:
         """Place a job the caller has claimed (state placing). Leaves it provisioning or pending.
 
         ``unhealthy``: the node-health map the caller's pass already read (read here when absent).
@@ -202,12 +223,12 @@ class Router:
         q, options = self.rank(job, now, unhealthy, held)
         budget_left, budget_reason = await self._budget(job, now)
         if budget_reason:
-            return await self._back_to_pending(job, budget_reason, [], {"budget": budget_reason})
+            return await self.back_to_pending(job, budget_reason, [], {"budget": budget_reason})
         # A job's own cap beyond what is left of the tenant budget
         if budget_left is not None:
             options = [o for o in options if o.expected_cost_usd <= budget_left]
             if not options and q.options:
-                return await self._back_to_pending(
+                return await self.back_to_pending(
                     job, f"budget: no option fits the ${budget_left:,.2f} left of tenant {job.tenant}'s budget",
                     [], {"budget_left_usd": round(budget_left, 2)})
         decision = self.decide(job, options, now, budget_left)
@@ -215,9 +236,9 @@ class Router:
         cands = candidates(options, decision)
         if not cands:
             reason = self.unplaceable_reason(q, options) or decision.reason
-            return await self._back_to_pending(job, reason, [], decision.as_dict())
+            return await self.back_to_pending(job, reason, [], decision.as_dict())
 
-        tries: list[dict[str, Any]] = []
+        tries: list[LaunchTry] = []
         skip: set[str] = set()
         for opt in cands:
             if len(tries) >= tries_allowed:
@@ -238,19 +259,22 @@ class Router:
                 if offer.id in await self._launching_elsewhere():
                     continue
             outcome = await self._try(job, opt, offer, decision, tries)
-            if isinstance(outcome, Placement):
+            if isinstance(outcome, PlacementResult):
                 return outcome
-            if outcome == "skip_provider":
+            tries.append(outcome)  # failed: on to the next offer (or past this provider)
+            if outcome.rules_out_provider:
                 skip.add(opt.provider)
-        last = tries[-1]["error"] if tries else "no candidate"
-        return await self._back_to_pending(job, f"all {len(tries)} launch tries failed; last: {last}", tries,
-                                           decision.as_dict())
+        last = tries[-1].error if tries else "no candidate"
+        return await self.back_to_pending(job, f"all {len(tries)} launch tries failed; last: {last}", tries,
+                                          decision.as_dict())
 
     async def _try(self, job: Job, opt: QuoteOption, offer: Offer, decision: Decision,
-                   tries: list[dict[str, Any]]) -> Placement | str:
+                   tries: Sequence[LaunchTry]) -> PlacementResult | LaunchTry:
+        """One launch try on ``offer``: the final result (placed, or a reconcile decided the launch), or the
+        record of a failed try (the caller moves on). ``tries``: the failed tries before this one."""
         provider = self.market.providers[opt.provider]
-        fresh = await self._db(self.store.get_job, job.id)
-        attempt = fresh.attempts + 1
+        # Counted (and persisted) before the intent and the call: a crash never reuses an attempt's token.
+        attempt = await self.lifecycle.start_attempt(job.id)
         spec = job.spec
         if spec.burn_in and isinstance(provider, RunsBurnIn):
             # Burn-in as the allocation's first step: the probe runs before the user's command.
@@ -267,31 +291,27 @@ class Router:
             attrs={"sku": opt.sku, "market": opt.market.value, "option": opt.model_dump_json()},
         )
         # Intent first: a crash after the provider call is then always recoverable.
-        await self._db(self.store.update_job, job.id, attempts=attempt)
         await self._db(self.store.add_allocation, alloc)
         try:
             got = await self._launch(provider, req)
         except ProviderError as exc:
             if not isinstance(exc, CapacityError):
                 self._taken.discard(offer.id)  # not gone, just not launched: others may try it
-            kind = ("capacity" if isinstance(exc, CapacityError) else "quota" if isinstance(exc, QuotaError)
-                    else "auth" if isinstance(exc, ProviderAuthError) else type(exc).__name__)
-            tries.append({"offer_id": opt.offer_id, "provider": opt.provider, "sku": opt.sku, "zone": opt.zone,
-                          "market": opt.market.value, "error": str(exc)[:300], "kind": kind})
+            failed = LaunchTry(offer_id=opt.offer_id, provider=opt.provider, sku=opt.sku, zone=opt.zone,
+                               market=opt.market.value, error=str(exc)[:300], kind=error_kind(exc))
             if not await self._fail_intent(alloc, str(exc)[:500]):
-                return await self._decided_elsewhere(job, alloc, tries)
+                return await self._decided_elsewhere(job, alloc, [*tries, failed])
             if self.on_placed:
-                self.on_placed(opt.provider, kind)
+                self.on_placed(opt.provider, failed.kind)
             log.info("job %s: %s on %s failed: %s", job.id, opt.sku, opt.zone or opt.region, exc)
-            return "skip_provider" if isinstance(exc, QuotaError | ProviderAuthError) else "next"
+            return failed
         except Exception as exc:  # an adapter bug must not lose the job: record, try the next offer
             self._taken.discard(offer.id)
             log.exception("job %s: launch on %s raised", job.id, opt.provider)
-            tries.append({"offer_id": opt.offer_id, "provider": opt.provider, "error": repr(exc)[:300],
-                          "kind": "error"})
+            failed = LaunchTry(offer_id=opt.offer_id, provider=opt.provider, error=repr(exc)[:300], kind="error")
             if not await self._fail_intent(alloc, repr(exc)[:500]):
-                return await self._decided_elsewhere(job, alloc, tries)
-            return "next"
+                return await self._decided_elsewhere(job, alloc, [*tries, failed])
+            return failed
 
         state = got.state if got.state not in (AllocationState.intent, AllocationState.unknown) else \
             AllocationState.pending
@@ -307,28 +327,25 @@ class Router:
                 return await self._release_orphan(job, alloc, provider, got, tries)
             # Adopted: the record (and what the reconcile wrote into it) stands; move the job on below.
         try:
-            placed = await self._db(
-                self.store.transition, job.id, JobState.provisioning,
-                f"launched on {opt.provider} {opt.sku} in {opt.zone or opt.region} ({opt.market.value})",
-                {"tries": tries, "allocation": alloc.id, "resource_ids": got.resource_ids,
-                 "decision": decision.as_dict()},
-                {JobState.placing}, placement=opt, decision=decision.as_dict(),
-            )
+            placed = await self.lifecycle.launched(job.id, opt, alloc.id, got.resource_ids, tries,
+                                                   decision.as_dict())
         except ConflictError:
             current = await self._db(self.store.get_allocation, alloc.id)
-            now = await self._db(self.store.get_job, job.id)
-            if now.state in (JobState.provisioning, JobState.running) and current.state in LIVE_STATES:
+            latest = await self._db(self.store.get_job, job.id)
+            if latest.state in (JobState.provisioning, JobState.running) and current.state in LIVE_STATES:
                 # A reconcile adopted this launch and moved the job on itself: placed all the same.
-                return Placement(now, True, f"launched; adopted by a reconcile meanwhile ({now.reason})", tries)
+                return PlacementResult(latest, True, f"launched; adopted by a reconcile meanwhile ({latest.reason})",
+                                       list(tries))
             # Cancelled (or requeued) while we launched: give it straight back.
             log.info("job %s was cancelled during launch; releasing %s", job.id, got.resource_ids)
             await provider.release(current)
             await self._db(self.store.update_allocation, alloc.id, state=AllocationState.released,
                            reason="job cancelled during launch")
-            return Placement(await self._db(self.store.get_job, job.id), False, "cancelled during launch", tries)
+            return PlacementResult(await self._db(self.store.get_job, job.id), False, "cancelled during launch",
+                                   list(tries))
         if self.on_placed:
             self.on_placed(opt.provider, "placed")
-        return Placement(placed, True, placed.reason, tries)
+        return PlacementResult(placed, True, placed.reason, list(tries))
 
     async def _fail_intent(self, alloc: Allocation, reason: str) -> bool:
         """Record a failed launch over its intent; False when a reconcile decided on the intent first."""
@@ -339,16 +356,17 @@ class Router:
             return False
         return True
 
-    async def _decided_elsewhere(self, job: Job, alloc: Allocation, tries: list[dict[str, Any]]) -> Placement:
+    async def _decided_elsewhere(self, job: Job, alloc: Allocation, tries: Sequence[LaunchTry]) -> PlacementResult:
         """A reconcile took this launch's intent over: stop trying other offers and report where the job is."""
-        now = await self._db(self.store.get_job, job.id)
+        latest = await self._db(self.store.get_job, job.id)
         log.info("job %s: allocation %s was decided by a reconcile during its launch; job is %s",
-                 job.id, alloc.id, now.state.value)
-        placed = now.state in (JobState.provisioning, JobState.running)
-        return Placement(now, placed, f"allocation {alloc.id} was decided by a reconcile during its launch", tries)
+                 job.id, alloc.id, latest.state.value)
+        placed = latest.state in (JobState.provisioning, JobState.running)
+        return PlacementResult(latest, placed, f"allocation {alloc.id} was decided by a reconcile during its launch",
+                               list(tries))
 
     async def _release_orphan(self, job: Job, alloc: Allocation, provider: Provider, got: Allocation,
-                              tries: list[dict[str, Any]]) -> Placement:
+                              tries: Sequence[LaunchTry]) -> PlacementResult:
         """The launch completed after a reconcile gave its intent up (and requeued the job): what it got
         belongs to nobody. Record that first (so no one adopts it meanwhile), then give it back."""
         try:
@@ -365,8 +383,8 @@ class Router:
             log.warning("job %s: release of %s failed (%s); reconciliation will retry", job.id,
                         got.resource_ids, exc)
         # The reconcile requeued the job unless it could not list every provider: then do it here.
-        return await self._back_to_pending(job, "launch completed after its intent was given up; released",
-                                           tries, {})
+        return await self.back_to_pending(job, "launch completed after its intent was given up; released",
+                                          tries, {})
 
     async def _launch(self, provider: Provider, req: LaunchRequest) -> Allocation:
         """``provider.launch``; after an error that may have come after the launch went through (a lost
@@ -389,11 +407,12 @@ class Router:
                     return a.model_copy(update={"client_token": a.client_token or req.client_token})
             raise
 
-    async def _back_to_pending(self, job: Job, reason: str, tries: list[dict[str, Any]],
-                               decision: dict[str, Any]) -> Placement:
+    async def back_to_pending(self, job: Job, reason: str, tries: Sequence[LaunchTry],
+                              decision: dict[str, Any]) -> PlacementResult:
+        """Not placed this pass: the claimed job goes back to pending, keeping the tries and the decision
+        (unless another writer moved it first: then it stays where that writer put it)."""
         try:
-            job = await self._db(self.store.transition, job.id, JobState.pending, reason,
-                                 {"tries": tries} if tries else {}, {JobState.placing}, decision=decision)
+            job = await self.lifecycle.back_to_pending(job.id, reason, tries, decision)
         except ConflictError:
             job = await self._db(self.store.get_job, job.id)
-        return Placement(job, False, reason, tries)
+        return PlacementResult(job, False, reason, list(tries))

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from broker.burnin import BurnIn
 from broker.config import Settings
 from broker.errors import NotFoundError, ProviderError, SpecError
+from broker.lifecycle import JobLifecycle
 from broker.market import Marketplace, ProviderHealth
 from broker.models import (
     TERMINAL_STATES,
@@ -40,7 +40,8 @@ from providers.capabilities import DrainsNodes
 from providers.registry import build_providers
 
 if TYPE_CHECKING:
-    from broker.jobs import Broker
+    from broker.burnin import BurnIn
+    from broker.loops import BrokerLoops
     from broker.store import Store
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class Lockstep:
         self.quote_observer: Callable[[float], None] | None = None  # metrics hook
         self.job_submitted = asyncio.Event()  # wakes the placement loop early
         self.placement_observer: Callable[[str, str], None] | None = None  # metrics hook: (provider, outcome)
-        self._broker: Broker | None = None
+        self._broker: BrokerLoops | None = None
         self._preemption_rates: dict[tuple[str, str, str], float] = {}
         self._background: list[asyncio.Task[None]] = []
         self._stop_tracker: asyncio.Event | None = None
@@ -107,19 +108,23 @@ class Lockstep:
         return await self.market.refresh()
 
     @property
-    def broker(self) -> Broker:
+    def broker(self) -> BrokerLoops:
         """The placement and polling engine over this service's store and market."""
         if self._broker is None:
-            from broker.jobs import Broker
+            from broker.burnin import collect_burnin, job_stem
+            from broker.loops import BrokerLoops
 
-            self._broker = Broker(self.settings, self.store, self.market, clock=self.clock,
-                                  preemption_rates=self.preemption_rates, on_placed=self.placement_observer,
-                                  wake=self.job_submitted, burnin=self.burnin)
+            self._broker = BrokerLoops(
+                self.settings, self.store, self.market, clock=self.clock, preemption_rates=self.preemption_rates,
+                on_placed=self.placement_observer, wake=self.job_submitted,
+                burn_in=lambda job, alloc: collect_burnin(self.burnin, alloc.provider, job_stem(job.id, alloc.attempt)))
         return self._broker
 
     @property
     def burnin(self) -> BurnIn:
         """What burn-in and benchmark recording (broker.burnin) use: the store, settings, providers, drain."""
+        from broker.burnin import BurnIn
+
         return BurnIn(self.settings, self.store, self.market.providers, self.drain_node, self.resume_node)
 
     def preemption_rates(self) -> dict[tuple[str, str, str], float]:
@@ -237,7 +242,7 @@ class Lockstep:
         job = await self.get_job(job_id, tenant)
         if job.state in TERMINAL_STATES:
             return job
-        job = await self.db(self.store.transition, job_id, JobState.cancelled, reason)
+        job = await JobLifecycle(self.store).cancel(job_id, reason)
         for alloc in await self.db(self.store.allocations, job_id):
             if alloc.state in (AllocationState.released, AllocationState.failed, AllocationState.succeeded):
                 continue

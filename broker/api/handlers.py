@@ -258,7 +258,7 @@ async def readyz(request: web.Request) -> web.Response:
 @admin_only
 async def metrics(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
-    counts = await svc.db(svc.store.counts)
+    counts = await svc.db(request.app[METRICS].snapshot, svc)
     body = request.app[METRICS].render(counts)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 

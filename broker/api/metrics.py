@@ -1,22 +1,33 @@
 """Prometheus metrics, one CollectorRegistry per application (several apps may share a process).
 
 Counters and histograms are fed by hooks as things happen (HTTP requests,
-quotes, provider refreshes); job and placement counts are read from the store
-when /metrics is scraped, so every replica reports the same truth.
+quotes, provider refreshes, placement attempts); job, allocation, spend, budget
+and price-spike figures are read from the store when /metrics is scraped, so
+every replica reports the same truth; provider health and the last
+reconciliation are this replica's own view.
+
+deploy/grafana/lockstep.json and deploy/prometheus/alerts.yaml use these names;
+tests/deploy/test_observability.py checks each of them against a real scrape.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from broker.models import JobState
+from broker.models import AllocationState, JobState, as_utc, utcnow
+
+if TYPE_CHECKING:
+    from broker.service import Lockstep
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 RefreshHook = Callable[[str, bool, float], None]  # Marketplace.on_refresh: (provider, ok, seconds)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+WAITING_STATES = (JobState.pending, JobState.placing, JobState.provisioning)  # where a job can get stuck
+BILLING = (AllocationState.pending, AllocationState.running)  # allocations that cost money now
 
 
 class ApiMetrics:
@@ -41,6 +52,35 @@ class ApiMetrics:
                                 "Placements made (jobs sent to provisioning), all time", registry=r)
         self.allocations = Gauge("lockstep_allocations", "Allocations by provider and state",
                                  ["provider", "state"], registry=r)
+        self.placement_attempts = Counter("lockstep_placement_attempts",
+                                          "Launch attempts by provider and outcome (placed, capacity, quota, "
+                                          "auth, ...), this replica", ["provider", "outcome"], registry=r)
+        self.jobs_oldest = Gauge("lockstep_jobs_oldest_seconds",
+                                 "Age of the longest-waiting job in each waiting state (since its last change)",
+                                 ["state"], registry=r)
+        self.provider_up = Gauge("lockstep_provider_up",
+                                 "1 when the provider's last offer refresh succeeded and is not stale",
+                                 ["provider"], registry=r)
+        self.provider_offers = Gauge("lockstep_provider_offers", "Offers the provider has now", ["provider"],
+                                     registry=r)
+        self.provider_last_ok = Gauge("lockstep_provider_last_success_timestamp_seconds",
+                                      "When the provider's offers last refreshed successfully (Unix time)",
+                                      ["provider"], registry=r)
+        self.tenant_spend = Gauge("lockstep_tenant_spend_usd", "USD a tenant has spent this calendar month (UTC)",
+                                  ["tenant"], registry=r)
+        self.tenant_burn = Gauge("lockstep_tenant_burn_usd_per_hour",
+                                 "USD per hour a tenant's billing allocations cost now", ["tenant"], registry=r)
+        self.tenant_budget = Gauge("lockstep_tenant_budget_usd", "A tenant's monthly budget, when it has one",
+                                   ["tenant"], registry=r)
+        self.spikes_open = Gauge("lockstep_price_spikes_open", "Open spot price spike alerts by provider and GPU",
+                                 ["provider", "gpu"], registry=r)
+        self.spike_ratio = Gauge("lockstep_price_spike_ratio",
+                                 "Highest peak / baseline price among the open spike alerts", ["provider", "gpu"],
+                                 registry=r)
+        self.reconcile_last = Gauge("lockstep_reconcile_last_completed_timestamp_seconds",
+                                    "When this replica's last reconciliation completed (Unix time)", registry=r)
+        self.reconcile_unreachable = Gauge("lockstep_reconcile_unreachable_providers",
+                                           "Providers the last reconciliation could not list", registry=r)
 
     # ------------------------------------------------------------------ hooks
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
@@ -64,7 +104,41 @@ class ApiMetrics:
                 chained(provider, ok, seconds)
         return observe
 
+    def placement_hook(self, chained: Callable[[str, str], None] | None) -> Callable[[str, str], None]:
+        def observe(provider: str, outcome: str) -> None:
+            self.placement_attempts.labels(provider, outcome).inc()
+            if chained is not None:
+                chained(provider, outcome)
+        return observe
+
     # ------------------------------------------------------------------ scrape
+    def snapshot(self, svc: Lockstep, now: datetime | None = None) -> dict[str, Any]:
+        """What a scrape reports, read from the store and the service (blocking: run it off the loop)."""
+        now = as_utc(now or utcnow())
+        store = svc.store
+        out: dict[str, Any] = dict(store.counts())
+        waiting = store.jobs_in_states(WAITING_STATES)
+        out["oldest"] = {s.value: max([(now - as_utc(j.updated_at)).total_seconds() for j in waiting
+                                       if j.state == s] or [0.0]) for s in WAITING_STATES}
+        month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        budgets = {t.name: t.monthly_budget_usd for t in store.list_tenants()}
+        tenant_of = {j.id: j.tenant for j in store.jobs_in_states([JobState.provisioning, JobState.running])}
+        burn = dict.fromkeys(budgets, 0.0)
+        for a in store.allocations(states=list(BILLING)):
+            tenant = tenant_of.get(a.job_id) or store.get_job(a.job_id).tenant
+            burn[tenant] = burn.get(tenant, 0.0) + a.usd_per_hour
+        out["tenants"] = [(t, store.tenant_spend(t, month, now), b, budgets.get(t)) for t, b in burn.items()]
+        spikes: dict[tuple[str, str], list[float]] = {}
+        for alert in store.alerts(open_only=True, since=now - timedelta(days=30)):
+            series = alert.get("series") or {}
+            ratio = alert["peak"] / alert["baseline"] if alert.get("baseline") else 0.0
+            spikes.setdefault((str(series.get("provider", "")), str(series.get("gpu", ""))), []).append(ratio)
+        out["spikes"] = spikes
+        out["providers"] = svc.providers_health()
+        broker = getattr(svc, "_broker", None)  # only a started broker has reconciled: never make one here
+        out["reconciled"] = getattr(broker, "reconciled", None)
+        return out
+
     def render(self, counts: dict[str, Any] | None) -> bytes:
         if counts is not None:
             for state in JobState:
@@ -73,4 +147,33 @@ class ApiMetrics:
             self.allocations.clear()
             for provider, state, n in counts["allocations"]:
                 self.allocations.labels(provider, state).set(n)
+            self._render_snapshot(counts)
         return generate_latest(self.registry)
+
+    def _render_snapshot(self, snap: dict[str, Any]) -> None:
+        for state, age in snap.get("oldest", {}).items():
+            self.jobs_oldest.labels(state).set(age)
+        for gauge in (self.provider_up, self.provider_offers, self.provider_last_ok):
+            gauge.clear()
+        for name, h in snap.get("providers", {}).items():
+            self.provider_up.labels(name).set(1 if h.ok and not h.stale else 0)
+            self.provider_offers.labels(name).set(h.offers)
+            if h.last_ok is not None:
+                self.provider_last_ok.labels(name).set(as_utc(h.last_ok).timestamp())
+        for gauge in (self.tenant_spend, self.tenant_burn, self.tenant_budget):
+            gauge.clear()
+        for tenant, spent, burn, budget in snap.get("tenants", []):
+            self.tenant_spend.labels(tenant).set(spent)
+            self.tenant_burn.labels(tenant).set(burn)
+            if budget is not None:
+                self.tenant_budget.labels(tenant).set(budget)
+        self.spikes_open.clear()
+        self.spike_ratio.clear()
+        for (provider, gpu), ratios in snap.get("spikes", {}).items():
+            self.spikes_open.labels(provider, gpu).set(len(ratios))
+            self.spike_ratio.labels(provider, gpu).set(max(ratios))
+        reconciled = snap.get("reconciled")
+        if reconciled is not None:
+            at, report = reconciled
+            self.reconcile_last.set(as_utc(at).timestamp())
+            self.reconcile_unreachable.set(len(report.unreachable))

@@ -12,6 +12,7 @@ import sys
 
 import typer
 
+from broker.cli import config as _config  # noqa: F401
 from broker.cli import jobs as _jobs  # noqa: F401  (registers commands)
 from broker.cli import quote as _quote  # noqa: F401
 from broker.cli.app import app

@@ -8,7 +8,9 @@ from typing import Annotated
 
 import typer
 
+from broker import logconfig
 from broker.config import Settings, load_settings
+from broker.logconfig import LogFormat
 
 app = typer.Typer(
     name="lockstep",
@@ -51,8 +53,13 @@ def _root(
                                                help="Use a Lockstep server instead of the local store.")] = None,
     token: Annotated[str | None, typer.Option("--token", envvar="LOCKSTEP_TOKEN", show_default=False,
                                               help="Bearer token for --server.")] = None,
+    log_format: Annotated[LogFormat, typer.Option("--log-format", envvar="LOCKSTEP_LOG_FORMAT",
+                                                  help="Log lines as text or JSON lines.")] = "text",
 ) -> None:
+    logconfig.configure(log_format)
     ctx.obj = Context(config_file=config, db=db_url_from(db) if db else None, server=server, token=token)
+    if ctx.invoked_subcommand != "config":  # a mistake in the configuration stops every command, at once
+        _ = ctx.obj.settings
 
 
 def get_ctx(ctx: typer.Context) -> Context:

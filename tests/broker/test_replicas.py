@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from broker.config import VastConfig
+from broker.lifecycle import JobLifecycle
 from broker.models import Allocation, AllocationState, JobState, utcnow
 from broker.reconcile import reconcile
 from broker.store import Store
@@ -91,8 +92,7 @@ async def test_a_dead_replicas_placement_is_left_while_fresh_then_resolved(
     [job] = await submit_jobs(db_url, 1)
     store = Store(db_url)
     try:
-        store.transition(job.id, JobState.placing, "claimed by broker-dead", {"worker": "broker-dead"},
-                         {JobState.pending}, claimed_by="broker-dead")
+        assert await JobLifecycle(store).claim(job.id, "broker-dead") is not None
         store.add_allocation(Allocation(id="a-dead", job_id=job.id, attempt=1, provider="vast",
                                         state=AllocationState.intent, client_token="ls-dead"))
         providers = {"vast": VastProvider(vast_config, installation="replicas-dead")}

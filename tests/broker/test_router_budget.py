@@ -1,4 +1,4 @@
-"""Tenant budgets are checked at placement: a job that would break them stays pending, with the reason."""
+"""Tenant budgets are checked at placement (the router): a job that would break them stays pending, with the reason."""
 
 from __future__ import annotations
 

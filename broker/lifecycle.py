@@ -1,0 +1,274 @@
+"""The job lifecycle: every change of a job's state, and what a provider's answer means for a job.
+
+States: pending → placing → provisioning → running → succeeded | failed | cancelled, and
+preempted → pending (requeued, resuming from its checkpoint, counted). ``ALLOWED_TRANSITIONS`` in
+broker/models.py is the state machine; the store's ``transition`` is the primitive (one row-locked
+compare-and-set on the job's state, with its event). :class:`JobLifecycle` is the only caller of that
+primitive outside the store: the loops (claims, polls), the router (launched, back to pending),
+reconciliation (adopt, requeue what a crash left) and the service (cancel) all change a job's state
+through it, so each rule lives once.
+
+Every change names the states it expects to move from: when another writer (a replica, a reconcile, a
+cancel) moved the job first, the store raises ``ConflictError`` and the caller decides what that means
+for it (the methods here do not swallow it, except where noted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from broker.errors import ConflictError, NotFoundError, ProviderError
+from broker.models import (
+    TERMINAL_STATES,
+    Allocation,
+    AllocationState,
+    Benchmark,
+    Job,
+    JobState,
+    QuoteOption,
+    utcnow,
+)
+from providers.base import Provider
+from providers.capabilities import RunsBurnIn
+
+if TYPE_CHECKING:
+    from broker.store import Store
+
+log = logging.getLogger(__name__)
+
+# Allocation states in which the provider no longer runs anything for the job.
+ENDED = (AllocationState.released, AllocationState.failed, AllocationState.succeeded, AllocationState.preempted)
+# Job states in which a job holds, or is getting, an allocation.
+HOLDING = (JobState.placing, JobState.provisioning, JobState.running)
+
+# Records and returns what an allocation's burn-in step has measured so far (one benchmark a node; each
+# result is recorded once). The service supplies it: recording judges the result with the health gates.
+BurnInResults = Callable[[Job, Allocation], Awaitable[list[Benchmark]]]
+
+
+@dataclass(frozen=True)
+class LaunchTry:
+    """One failed launch try, kept in the job's event (``data["tries"]``) with its reason.
+
+    ``kind``: ``capacity``, ``quota``, ``auth``, another provider error's class name, or ``error`` for an
+    exception that was no provider error (an adapter bug). ``sku``/``zone``/``market`` are None (and left
+    out of the event) for the latter.
+    """
+
+    offer_id: str
+    provider: str
+    error: str
+    kind: str
+    sku: str | None = None
+    zone: str | None = None
+    market: str | None = None
+
+    @property
+    def rules_out_provider(self) -> bool:
+        """An account limit or refused credentials: the provider's other offers would fail alike."""
+        return self.kind in ("quota", "auth")
+
+    def as_event(self) -> dict[str, Any]:
+        """The JSON the job's event keeps (the keys and their order as the event has always had them)."""
+        out: dict[str, Any] = {"offer_id": self.offer_id, "provider": self.provider}
+        if self.kind != "error":
+            out.update(sku=self.sku, zone=self.zone, market=self.market)
+        out.update(error=self.error, kind=self.kind)
+        return out
+
+
+def _tries(tries: Sequence[LaunchTry]) -> dict[str, Any]:
+    return {"tries": [t.as_event() for t in tries]} if tries else {}
+
+
+def run_cost(alloc: Allocation, attrs: Mapping[str, str], now: datetime) -> float:
+    """What an allocation has cost since it was first seen running (USD)."""
+    since = attrs.get("running_since")
+    if not since:
+        return 0.0
+    hours = max((now - datetime.fromisoformat(since)).total_seconds(), 0.0) / 3600.0
+    return hours * alloc.usd_per_hour
+
+
+class JobLifecycle:
+    """Every job state change, over one store (and, for what a poll means, the providers).
+
+    ``providers``: used to give back what a requeued or finished job still holds (polls only).
+    ``burn_in``: records a burn-in step's results for :meth:`follow`; without it burn-in is not judged.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        providers: Mapping[str, Provider] | None = None,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+        burn_in: BurnInResults | None = None,
+    ) -> None:
+        self.store = store
+        self.providers: Mapping[str, Provider] = providers if providers is not None else {}
+        self.clock = clock
+        self.burn_in = burn_in
+
+    async def _move(self, job_id: str, to: JobState, reason: str, data: dict[str, Any] | None,
+                    expected: set[JobState] | None, **fields: Any) -> Job:
+        """The store's ``transition``, off the event loop."""
+        return await asyncio.to_thread(self.store.transition, job_id, to, reason, data, expected, **fields)
+
+    # ------------------------------------------------------------------ placement
+    async def claim(self, job_id: str, worker: str) -> Job | None:
+        """pending → placing for ``worker``; None when another worker got it first (or it is gone)."""
+        try:
+            return await self._move(job_id, JobState.placing, f"claimed by {worker}", {"worker": worker},
+                                    {JobState.pending}, claimed_by=worker, claimed_at=self.clock())
+        except (ConflictError, NotFoundError):
+            return None
+
+    async def note_waiting(self, job: Job, reason: str) -> None:
+        """Say why a pending job stays pending (no state change, no event; written only when it changed)."""
+        if job.reason != reason:
+            await asyncio.to_thread(self.store.update_job, job.id, reason=reason)
+
+    async def start_attempt(self, job_id: str) -> int:
+        """Count one more launch attempt and persist it (before its intent and the provider call)."""
+        fresh = await asyncio.to_thread(self.store.get_job, job_id)
+        attempt = fresh.attempts + 1
+        await asyncio.to_thread(self.store.update_job, job_id, attempts=attempt)
+        return attempt
+
+    async def launched(self, job_id: str, option: QuoteOption, alloc_id: str, resource_ids: list[str],
+                       tries: Sequence[LaunchTry], decision: dict[str, Any]) -> Job:
+        """placing → provisioning: the router's launch on ``option`` went through (allocation ``alloc_id``)."""
+        where = option.zone or option.region
+        return await self._move(
+            job_id, JobState.provisioning,
+            f"launched on {option.provider} {option.sku} in {where} ({option.market.value})",
+            {"tries": [t.as_event() for t in tries], "allocation": alloc_id, "resource_ids": resource_ids,
+             "decision": decision},
+            {JobState.placing}, placement=option, decision=decision,
+        )
+
+    async def back_to_pending(self, job_id: str, reason: str, tries: Sequence[LaunchTry] = (),
+                              decision: dict[str, Any] | None = None) -> Job:
+        """placing → pending: not placed this time (the failed tries and the decision are kept)."""
+        fields: dict[str, Any] = {} if decision is None else {"decision": decision}
+        return await self._move(job_id, JobState.pending, reason, _tries(tries), {JobState.placing}, **fields)
+
+    async def adopt(self, job_id: str, alloc: Allocation) -> Job:
+        """placing → provisioning: a restart found the launch a crash interrupted, and adopted it."""
+        placement = QuoteOption.model_validate_json(alloc.attrs["option"]) if "option" in alloc.attrs else None
+        return await self._move(job_id, JobState.provisioning,
+                                f"adopted {alloc.provider} allocation {alloc.id} after a broker restart",
+                                {"allocation": alloc.id}, {JobState.placing}, placement=placement)
+
+    async def requeue_interrupted(self, job_id: str) -> Job:
+        """placing → pending: a placement a crash interrupted, with nothing launched to adopt."""
+        return await self.back_to_pending(job_id, "requeued: placement was interrupted by a broker restart")
+
+    async def requeue_lost(self, job: Job) -> Job:
+        """provisioning/running → pending: reconciliation found its allocation gone at the provider.
+
+        A running job counts it as a preemption (preempted first); one still provisioning goes straight back.
+        """
+        if job.state is JobState.running:
+            await self._move(job.id, JobState.preempted, "allocation gone at the provider", {},
+                             {JobState.running}, preemptions=job.preemptions + 1)
+        return await self._move(job.id, JobState.pending, "requeued: its allocation is gone at the provider", {},
+                                {JobState.provisioning, JobState.preempted})
+
+    # ------------------------------------------------------------------ cancel
+    async def cancel(self, job_id: str, reason: str) -> Job:
+        """Any unfinished state → cancelled (giving back what it holds is the caller's part)."""
+        return await self._move(job_id, JobState.cancelled, reason, None, None)
+
+    # ------------------------------------------------------------------ what a poll means
+    async def follow(self, alloc: Allocation, state: AllocationState, reason: str, hosts: list[str]) -> JobState | None:
+        """Move the allocation's job along after a poll answered ``state``; returns the job's new state, or
+        None when it did not change (unchanged, or another writer moved it first: the next poll sees it).
+
+        A finished job's allocation that still runs is given back. A running allocation is timed from when it
+        was first seen running (its cost is added when it ends). Burn-in results are judged while it runs
+        and when it ends: a node that failed burn-in requeues the job at once.
+        """
+        now = self.clock()
+        try:
+            job: Job = await asyncio.to_thread(self.store.get_job, alloc.job_id)
+        except NotFoundError:
+            return None
+        if job.state in TERMINAL_STATES:
+            if state not in ENDED:  # a finished job still holding capacity: give it back
+                await self.release(alloc, f"job is {job.state.value}")
+            return None
+        attrs = dict(alloc.attrs)
+        if hosts:
+            attrs["hosts"] = ",".join(hosts)
+        if state is AllocationState.running and "running_since" not in attrs:
+            attrs["running_since"] = now.isoformat()
+        if state is not alloc.state or attrs != alloc.attrs:
+            await asyncio.to_thread(self.store.update_allocation, alloc.id, state=state, attrs=attrs,
+                                    reason=reason or alloc.reason)
+        spent = job.spent_usd + run_cost(alloc, attrs, now) if state in ENDED else job.spent_usd
+        if job.spec.burn_in and self.burn_in is not None and isinstance(
+                self.providers.get(alloc.provider), RunsBurnIn) and state in (
+                AllocationState.running, AllocationState.succeeded, AllocationState.failed):
+            bad = await self._burn_in_failure(job, alloc)
+            if bad and state is AllocationState.running:
+                try:
+                    return await self.requeue_preempted(job, alloc, bad, spent)
+                except ConflictError:
+                    return None
+
+        try:
+            if state is AllocationState.running and job.state is JobState.provisioning:
+                where = ", ".join(hosts) if hosts else alloc.zone or alloc.region
+                return (await self._move(job.id, JobState.running, f"running on {where}", {"allocation": alloc.id},
+                                         {JobState.provisioning})).state
+            if state is AllocationState.succeeded:
+                return (await self._move(job.id, JobState.succeeded, reason or "finished", {"allocation": alloc.id},
+                                         {JobState.provisioning, JobState.running}, spent_usd=spent)).state
+            if state is AllocationState.failed:
+                return (await self._move(job.id, JobState.failed, reason or "failed at provider",
+                                         {"allocation": alloc.id}, {JobState.provisioning, JobState.running},
+                                         spent_usd=spent)).state
+            if state is AllocationState.preempted:
+                return await self.requeue_preempted(job, alloc, reason or "preempted by the provider", spent)
+            if state is AllocationState.released:
+                # Gone without us releasing it (e.g. cancelled outside Lockstep): requeue it.
+                return await self.requeue_preempted(job, alloc, reason or "allocation disappeared at the provider",
+                                                    spent)
+        except ConflictError:
+            pass  # someone else moved the job (cancel); the next poll sees the new state
+        return None
+
+    async def _burn_in_failure(self, job: Job, alloc: Allocation) -> str:
+        """Record what the allocation's burn-in step measured; the reason when a node failed it, else ''."""
+        assert self.burn_in is not None
+        bad = [b for b in await self.burn_in(job, alloc) if not b.healthy]
+        return f"burn-in failed on {bad[0].target}: {bad[0].reason}" if bad else ""
+
+    async def requeue_preempted(self, job: Job, alloc: Allocation, reason: str, spent: float) -> JobState:
+        """provisioning/running → preempted → pending: the allocation is given back (recorded as preempted),
+        the preemption counted, and the job resumes from its checkpoint on the next placement."""
+        await self.release(alloc, reason, state=AllocationState.preempted)
+        await self._move(job.id, JobState.preempted, reason, {"allocation": alloc.id},
+                         {JobState.provisioning, JobState.running}, preemptions=job.preemptions + 1, spent_usd=spent)
+        return (await self._move(job.id, JobState.pending,
+                                 f"requeued after preemption #{job.preemptions + 1}; resumes from its last checkpoint",
+                                 {}, {JobState.preempted})).state
+
+    async def release(self, alloc: Allocation, reason: str, state: AllocationState = AllocationState.released) -> None:
+        """Give an allocation back to its provider and record it as ``state``; a failed release is left
+        unrecorded (still live), so reconciliation retries it."""
+        provider = self.providers.get(alloc.provider)
+        if provider is not None:
+            try:
+                await provider.release(alloc)
+            except ProviderError as exc:
+                log.warning("release %s: %s (reconciliation will retry)", alloc.id, exc)
+                return
+        await asyncio.to_thread(self.store.update_allocation, alloc.id, state=state, reason=reason)

@@ -1,0 +1,196 @@
+"""The broker's background loops: refresh the offer book, place pending jobs, poll live allocations,
+reconcile. They decide *when* things happen; what a placement does is the router's (broker/router.py),
+what a job's state becomes is the lifecycle's (broker/lifecycle.py), and what a crash left is
+reconciliation's (broker/reconcile.py).
+
+One ``BrokerLoops`` per process. With PostgreSQL several may run against one store: a job is claimed by a
+row-locked state change (pending → placing, only from pending), so two replicas never place the same job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from broker.config import Settings
+from broker.errors import ProviderError
+from broker.lifecycle import BurnInResults, JobLifecycle
+from broker.market import Marketplace
+from broker.models import Allocation, AllocationState, Job, JobState, utcnow
+from broker.reconcile import ReconcileReport, reconcile
+from broker.router import PlacementResult, Router
+
+if TYPE_CHECKING:
+    from broker.store import Store
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER = timedelta(seconds=15)  # a job that could not be placed waits this long before the next try
+# Reconciliation runs at start and then this often: it resolves what a crashed replica left (its placing
+# jobs and intents, once older than reconcile's stale_after) and retries releases that failed.
+RECONCILE_EVERY_S = 300.0
+PLACING_AT_ONCE = 8  # placements (launches) in flight at once in one pass
+
+
+class BrokerLoops:
+    """The refresh, place, poll and reconcile loops over one store and one offer book.
+
+    ``burn_in``: records an allocation's burn-in results (the service's health gates judge them); without
+    it, burn-in results are not collected.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        market: Marketplace,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+        worker: str | None = None,
+        preemption_rates: Callable[[], dict[tuple[str, str, str], float]] | None = None,
+        on_placed: Callable[[str, str], None] | None = None,
+        wake: asyncio.Event | None = None,
+        burn_in: BurnInResults | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.market = market
+        self.clock = clock
+        self.worker = worker or f"broker-{secrets.token_hex(4)}"
+        self.lifecycle = JobLifecycle(store, market.providers, clock=clock, burn_in=burn_in)
+        self.router = Router(settings, store, market, clock=clock, preemption_rates=preemption_rates,
+                             on_placed=on_placed, lifecycle=self.lifecycle)
+        self.wake = wake or asyncio.Event()
+        self._retry_at: dict[str, datetime] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stop = asyncio.Event()
+        self._sem = asyncio.Semaphore(PLACING_AT_ONCE)
+        self._reconciled_at: float | None = None  # loop time of the last reconciliation
+        self.reconciled: tuple[datetime, ReconcileReport] | None = None  # the last completed one (metrics)
+
+    # ------------------------------------------------------------------ placing
+    async def place_pending(self, job_ids: list[str] | None = None) -> list[PlacementResult]:
+        """One placement pass over pending jobs (all, or those named). Returns what happened to each."""
+        now = self.clock()
+        pending = await asyncio.to_thread(self.store.jobs_in_states, [JobState.pending])
+        if job_ids is not None:
+            wanted = set(job_ids)
+            pending = [j for j in pending if j.id in wanted]
+        else:
+            pending = [j for j in pending if self._retry_at.get(j.id, now) <= now]
+        results: list[PlacementResult] = []
+        unhealthy = await asyncio.to_thread(self.store.unhealthy_nodes) if pending else {}
+        held = await self.router.held_offers() if pending else set()
+        # Same spec, same book, same moment: same verdict. Many jobs share a spec (a sweep, a
+        # batch), and ranking is the CPU cost of a pass, so each distinct spec is ranked once.
+        verdicts: dict[str, str] = {}
+
+        def unplaceable(job: Job) -> str:
+            key = job.spec.model_dump_json()
+            if key not in verdicts:
+                verdicts[key] = self.router.unplaceable_reason(*self.router.rank(job, now, unhealthy, held))
+            return verdicts[key]
+
+        async def one(job: Job) -> None:
+            # Look before claiming: a job nothing can run stays pending without churning events.
+            why = unplaceable(job)
+            if why:
+                self._retry_at[job.id] = now + RETRY_AFTER
+                await self.lifecycle.note_waiting(job, why)
+                results.append(PlacementResult(job, False, why))
+                return
+            async with self._sem:
+                claimed = await self.lifecycle.claim(job.id, self.worker)
+                if claimed is None:
+                    return
+                try:
+                    res = await self.router.place(claimed, unhealthy)
+                except Exception as exc:  # never leave a claimed job stuck in placing
+                    log.exception("placing %s", job.id)
+                    res = await self.router.back_to_pending(claimed, f"placement error: {exc!r}"[:300], [], {})
+                if not res.placed:
+                    self._retry_at[job.id] = self.clock() + RETRY_AFTER
+                results.append(res)
+
+        await asyncio.gather(*(one(j) for j in pending))
+        return results
+
+    # ------------------------------------------------------------------ polling
+    async def poll_once(self) -> int:
+        """Poll every live allocation and let the lifecycle move its job along. Returns how many were polled."""
+        allocs: list[Allocation] = await asyncio.to_thread(self.store.live_allocations)
+        polled = 0
+        for alloc in allocs:
+            if alloc.state is AllocationState.intent:
+                continue  # the router is launching it, or reconciliation will resolve it
+            provider = self.market.providers.get(alloc.provider)
+            if provider is None:
+                continue
+            try:
+                status = await provider.poll(alloc)
+            except ProviderError as exc:
+                log.warning("poll %s on %s: %s", alloc.id, alloc.provider, exc)
+                continue
+            polled += 1
+            moved = await self.lifecycle.follow(alloc, status.state, status.reason, status.hosts)
+            if moved is JobState.pending:  # requeued: place it again at once
+                self._retry_at.pop(alloc.job_id, None)
+                self.wake.set()
+        return polled
+
+    # ------------------------------------------------------------------ loops
+    async def _loop(self, name: str, interval: float, fn: Callable[[], Awaitable[Any]],
+                    wake: asyncio.Event | None = None) -> None:
+        while not self._stop.is_set():
+            try:
+                await fn()
+            except Exception:
+                log.exception("broker loop %s", name)
+            waiters = [asyncio.ensure_future(self._stop.wait())]
+            if wake is not None:
+                waiters.append(asyncio.ensure_future(wake.wait()))
+            _, pending = await asyncio.wait(waiters, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+            for p in pending:
+                p.cancel()
+            if wake is not None:
+                wake.clear()
+
+    async def reconcile_periodic(self) -> None:
+        """A reconciliation beside this process's own placement loop (never exclusive)."""
+        if self._reconciled_at is not None and \
+                asyncio.get_running_loop().time() - self._reconciled_at < RECONCILE_EVERY_S * 0.9:
+            return  # the loop's first turn comes right after the start-up pass
+        self._reconciled_at = asyncio.get_running_loop().time()
+        report = await reconcile(self.store, self.market.providers, clock=self.clock, exclusive=False,
+                                 lifecycle=self.lifecycle)
+        self.reconciled = (self.clock(), report)
+        if report.released or report.failed_intents or report.requeued or report.to_provisioning:
+            log.info("periodic reconciliation: %s", report)
+
+    async def start(self, *, reconcile_first: bool = True) -> None:
+        """Start the loops; first (by default) refresh the book and reconcile what a crash may have left."""
+        if reconcile_first:
+            await self.market.refresh()
+            report = await reconcile(self.store, self.market.providers, clock=self.clock, lifecycle=self.lifecycle)
+            self.reconciled = (self.clock(), report)
+            log.info("reconciliation: %s", report)
+        self._reconciled_at = asyncio.get_running_loop().time()
+        b = self.settings.broker
+        self._stop.clear()
+        self._tasks = [
+            asyncio.create_task(self._loop("refresh", b.refresh_interval_s, self.market.refresh)),
+            asyncio.create_task(self._loop("place", b.place_interval_s, self.place_pending, self.wake)),
+            asyncio.create_task(self._loop("poll", b.poll_interval_s, self.poll_once)),
+            asyncio.create_task(self._loop("reconcile", RECONCILE_EVERY_S, self.reconcile_periodic)),
+        ]
+
+    async def stop(self) -> None:
+        self._stop.set()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []

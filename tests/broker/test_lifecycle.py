@@ -1,0 +1,120 @@
+"""The job lifecycle (broker/lifecycle.py): claims, and what a provider's poll answer means for a job.
+
+Over an in-memory market (tests/broker/memory.py) and a real store on both backends. The same rules
+against the real markets: test_e2e.py (a spot instance terminated at moto requeues its job).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from broker.errors import ProviderError
+from broker.lifecycle import JobLifecycle
+from broker.models import Allocation, AllocationState, Job, JobState
+from broker.store import Store
+from tests.broker.memory import NOW, MemoryProvider, placed_job, spec
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+async def poll(life: JobLifecycle, mem: MemoryProvider, alloc_id: str) -> JobState | None:
+    """What the poll loop does for one allocation: ask the provider, let the lifecycle follow."""
+    alloc = life.store.get_allocation(alloc_id)
+    status = await mem.poll(alloc)
+    return await life.follow(alloc, status.state, status.reason, status.hosts)
+
+
+async def test_a_job_is_claimed_once(store: Store) -> None:
+    job, _ = store.create_job(Job(id="j-claim", spec=spec(), created_at=NOW, updated_at=NOW))
+    life = JobLifecycle(store)
+    first = await life.claim(job.id, "w1")
+    assert first is not None and first.state is JobState.placing
+    assert first.events[-1].data == {"worker": "w1"} and first.events[-1].reason == "claimed by w1"
+    assert await life.claim(job.id, "w2") is None  # another worker's claim finds it taken
+    assert await life.claim("j-missing", "w2") is None
+
+
+async def test_running_then_succeeded_moves_the_job_and_charges_the_running_time(store: Store) -> None:
+    mem, job, alloc = await placed_job(store)
+    clock = Clock()
+    life = JobLifecycle(store, {"mem": mem}, clock=clock)
+    mem.set_state(alloc, AllocationState.running)
+    assert await poll(life, mem, alloc.id) is JobState.running
+    running = store.get_job(job.id)
+    assert running.reason == f"running on host-{alloc.resource_ids[0]}"
+    rec = store.get_allocation(alloc.id)
+    assert rec.state is AllocationState.running and rec.attrs["running_since"] == NOW.isoformat()
+    assert rec.attrs["hosts"] == f"host-{alloc.resource_ids[0]}"
+
+    assert await poll(life, mem, alloc.id) is None  # nothing new: no change, no event
+    assert len(store.get_job(job.id).events) == len(running.events)
+
+    clock.now = NOW + timedelta(hours=3)
+    mem.set_state(alloc, AllocationState.succeeded)
+    assert await poll(life, mem, alloc.id) is JobState.succeeded
+    done = store.get_job(job.id)
+    assert done.spent_usd == 6.0  # three hours at $2/h, from when it was first seen running
+    assert done.events[-1].data == {"allocation": alloc.id}
+
+
+async def test_a_failed_allocation_fails_the_job(store: Store) -> None:
+    mem, job, alloc = await placed_job(store)
+    life = JobLifecycle(store, {"mem": mem}, clock=Clock())
+    mem.set_state(alloc, AllocationState.failed)
+    assert await poll(life, mem, alloc.id) is JobState.failed
+    assert store.get_job(job.id).reason == "failed at provider"
+
+
+async def test_a_preempted_allocation_requeues_the_job_and_counts_it(store: Store) -> None:
+    mem, job, alloc = await placed_job(store)
+    life = JobLifecycle(store, {"mem": mem}, clock=Clock())
+    mem.set_state(alloc, AllocationState.preempted)
+    assert await poll(life, mem, alloc.id) is JobState.pending
+    job = store.get_job(job.id)
+    assert job.preemptions == 1 and [e.to_state for e in job.events[-2:]] == [JobState.preempted, JobState.pending]
+    assert job.reason == "requeued after preemption #1; resumes from its last checkpoint"
+    assert store.get_allocation(alloc.id).state is AllocationState.preempted
+    assert mem.released == alloc.resource_ids and not mem.held  # given back at the provider
+
+
+async def test_an_allocation_gone_at_the_provider_requeues_the_job(store: Store) -> None:
+    mem, job, alloc = await placed_job(store)
+    life = JobLifecycle(store, {"mem": mem}, clock=Clock())
+    mem.held.clear()  # cancelled outside Lockstep
+    assert await poll(life, mem, alloc.id) is JobState.pending
+    job = store.get_job(job.id)
+    assert job.preemptions == 1 and any(e.reason == "gone" for e in job.events if e.to_state is JobState.preempted)
+
+
+async def test_a_finished_job_still_holding_capacity_gives_it_back(store: Store) -> None:
+    mem, job, alloc = await placed_job(store)
+    life = JobLifecycle(store, {"mem": mem}, clock=Clock())
+    await life.cancel(job.id, "cancelled by user")
+    mem.set_state(alloc, AllocationState.running)
+    assert await poll(life, mem, alloc.id) is None
+    assert store.get_job(job.id).state is JobState.cancelled
+    rec = store.get_allocation(alloc.id)
+    assert rec.state is AllocationState.released and rec.reason == "job is cancelled" and not mem.held
+
+
+async def test_a_failed_release_is_left_live_for_reconciliation(store: Store) -> None:
+    mem, job, alloc = await placed_job(store)
+
+    class Stuck(MemoryProvider):
+        async def release(self, alloc: Allocation) -> None:
+            raise ProviderError("mem", "release refused")
+
+    stuck = Stuck("mem", [])
+    stuck.held = dict(mem.held)
+    life = JobLifecycle(store, {"mem": stuck}, clock=Clock())
+    await life.cancel(job.id, "cancelled by user")
+    stuck.set_state(alloc, AllocationState.running)
+    assert await poll(life, stuck, alloc.id) is None
+    # Not recorded as released: still live, so reconciliation retries the release.
+    assert [a.id for a in store.live_allocations()] == [alloc.id] and stuck.held

@@ -1,0 +1,163 @@
+"""The router's failover logic, over in-memory markets (tests/broker/memory.py) and a real store (SQLite
+and PostgreSQL: the ``store`` fixture).
+
+Which offer comes next after an error, when a provider is skipped, the try cap, the intent written before
+the call, and a launch that went through despite its error. The same paths against the real markets are in
+test_e2e.py (capacity failover at moto), test_launch_races.py and test_crash.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker.errors import BadRequestError, CapacityError, ProviderAuthError, QuotaError, TransientError
+from broker.models import AllocationState, Job, JobState, QuoteOption
+from broker.router import PlacementResult, Router
+from broker.store import Store
+from providers.base import LaunchRequest
+from tests.broker.memory import MemoryProvider, offer, router_over, submit_and_place
+
+TRY_KEYS = ["offer_id", "provider", "sku", "zone", "market", "error", "kind"]
+
+
+async def place(router: Router, **spec_fields: object) -> PlacementResult:
+    return await submit_and_place(router.store, router, **spec_fields)
+
+
+def event_tries(job: Job, to: JobState) -> list[dict[str, Any]]:
+    [event] = [e for e in job.events if e.to_state is to][-1:]
+    return list(event.data.get("tries", []))
+
+
+def placed_on(res: PlacementResult) -> QuoteOption:
+    assert res.placed and res.job.placement is not None, res.reason
+    return res.job.placement
+
+
+async def test_a_capacity_error_moves_to_the_next_offer(store: Store) -> None:
+    mem = MemoryProvider("mem", [offer("mem", "a", 1.0, zone="z1"), offer("mem", "b", 2.0, zone="z2"),
+                                 offer("mem", "c", 3.0, zone="z3")])
+    mem.refuse["mem:a"] = CapacityError("mem", "no capacity in z1", "InsufficientInstanceCapacity")
+    res = await place(await router_over(store, mem))
+
+    assert res.placed and res.job.state is JobState.provisioning, res.reason
+    assert placed_on(res).offer_id == "mem:b"  # the next offer, in rank order
+    assert [r.offer.id for r in mem.launches] == ["mem:a", "mem:b"]
+    [t] = res.tries
+    assert (t.offer_id, t.kind, t.zone) == ("mem:a", "capacity", "z1") and not t.rules_out_provider
+    # The job's event keeps the try with the keys it always had.
+    [kept] = event_tries(res.job, JobState.provisioning)
+    assert list(kept) == TRY_KEYS and kept["kind"] == "capacity" and "InsufficientInstanceCapacity" in kept["error"]
+    # Each try had its own intent and attempt; the refused one is recorded as failed.
+    allocs = sorted(store.allocations(res.job.id), key=lambda a: a.attempt)
+    assert [(a.attempt, a.state) for a in allocs] == [(1, AllocationState.failed), (2, AllocationState.pending)]
+    assert allocs[0].client_token != allocs[1].client_token
+    assert res.job.attempts == 2
+
+
+@pytest.mark.parametrize("refusal", [QuotaError("q", "vCPU limit reached"), ProviderAuthError("q", "key refused")],
+                         ids=["quota", "auth"])
+async def test_a_quota_or_auth_error_skips_the_rest_of_that_provider(store: Store, refusal: Exception) -> None:
+    q = MemoryProvider("q", [offer("q", "a", 1.0), offer("q", "b", 1.5), offer("q", "c", 1.8)])
+    other = MemoryProvider("other", [offer("other", "x", 2.5)])
+    for o in ("q:a", "q:b", "q:c"):
+        q.refuse[o] = refusal
+    res = await place(await router_over(store, q, other))
+
+    assert res.placed and placed_on(res).provider == "other", res.reason
+    assert [r.offer.id for r in q.launches] == ["q:a"]  # its other offers were not tried
+    [t] = res.tries
+    assert t.rules_out_provider and t.kind == ("quota" if isinstance(refusal, QuotaError) else "auth")
+
+
+async def test_the_try_cap_ends_the_pass_and_the_job_waits_with_every_try_kept(store: Store) -> None:
+    offers = [offer("mem", str(i), 1.0 + i / 10, zone=f"z{i}") for i in range(5)]
+    mem = MemoryProvider("mem", offers)
+    for o in offers:
+        mem.refuse[o.id] = CapacityError("mem", f"none left in {o.zone}")
+    res = await place(await router_over(store, mem, tries=3))
+
+    assert not res.placed and res.job.state is JobState.pending
+    assert len(mem.launches) == 3 and len(res.tries) == 3
+    assert res.reason == "all 3 launch tries failed; last: mem: none left in z2"
+    assert res.job.reason == res.reason and res.job.decision["route"] == "cloud"  # the decision is kept
+    kept = event_tries(res.job, JobState.pending)
+    assert [t["offer_id"] for t in kept] == ["mem:0", "mem:1", "mem:2"]
+    assert all(list(t) == TRY_KEYS for t in kept)
+    assert not store.live_allocations()  # every intent resolved (failed), none left live
+
+
+async def test_the_intent_and_the_attempt_are_stored_before_the_provider_is_called(store: Store) -> None:
+    mem = MemoryProvider("mem", [offer("mem", "a", 1.0), offer("mem", "b", 2.0)])
+    mem.refuse["mem:a"] = CapacityError("mem", "none")
+    seen: list[tuple[int, int, list[tuple[str, str]]]] = []
+
+    def look(req: LaunchRequest) -> None:  # what a crash at this moment would leave in the store
+        job = store.get_job(req.job_id)
+        intents = store.allocations(req.job_id, [AllocationState.intent])
+        live = [(a.state.value, a.client_token) for a in intents]
+        seen.append((req.attempt, job.attempts, live))
+
+    mem.on_launch = look
+    res = await place(await router_over(store, mem))
+
+    assert res.placed
+    tokens = [r.client_token for r in mem.launches]
+    assert seen == [(1, 1, [("intent", tokens[0])]), (2, 2, [("intent", tokens[1])])]
+
+
+async def test_an_adapter_exception_is_recorded_and_the_next_offer_tried(store: Store) -> None:
+    mem = MemoryProvider("mem", [offer("mem", "a", 1.0), offer("mem", "b", 2.0)])
+    mem.refuse["mem:a"] = KeyError("instanceId")  # an adapter bug, no provider error
+    res = await place(await router_over(store, mem))
+
+    assert res.placed and placed_on(res).offer_id == "mem:b", res.reason
+    assert mem.owned_calls == 1  # it asked whether the failed call launched anything: it had not
+    [t] = res.tries
+    assert t.kind == "error" and "KeyError" in t.error and not t.rules_out_provider
+    [kept] = event_tries(res.job, JobState.provisioning)
+    assert list(kept) == ["offer_id", "provider", "error", "kind"]  # no sku/zone/market for an adapter error
+
+
+async def test_a_launch_that_went_through_despite_its_error_is_found_and_kept(store: Store) -> None:
+    mem = MemoryProvider("mem", [offer("mem", "a", 1.0), offer("mem", "b", 2.0)])
+    mem.fail_after["mem:a"] = TransientError("mem", "read timed out")  # rented, but the answer was lost
+    res = await place(await router_over(store, mem))
+
+    assert res.placed and placed_on(res).offer_id == "mem:a" and not res.tries, res.reason
+    assert len(mem.launches) == 1 and mem.owned_calls == 1  # found via owned(), not rented twice
+    [alloc] = store.allocations(res.job.id)
+    assert alloc.state is AllocationState.pending and alloc.resource_ids == list(mem.held)
+
+
+async def test_when_owned_cannot_be_read_the_launch_error_stands(store: Store) -> None:
+    mem = MemoryProvider("mem", [offer("mem", "a", 1.0), offer("mem", "b", 2.0)])
+    mem.fail_after["mem:a"] = TransientError("mem", "read timed out")
+    mem.owned_error = TransientError("mem", "listing failed")
+    res = await place(await router_over(store, mem))
+
+    # The first launch may have gone through: its intent is failed, and reconciliation (not the router)
+    # settles what it holds. The router moves on.
+    assert res.placed and placed_on(res).offer_id == "mem:b"
+    [t] = res.tries
+    assert t.kind == "TransientError" and "read timed out" in t.error
+
+
+async def test_a_refusal_is_not_checked_with_the_provider(store: Store) -> None:
+    mem = MemoryProvider("mem", [offer("mem", "a", 1.0), offer("mem", "b", 2.0)])
+    mem.refuse["mem:a"] = BadRequestError("mem", "image not allowed")
+    res = await place(await router_over(store, mem))
+
+    assert res.placed and mem.owned_calls == 0  # a refusal launched nothing: no need to ask
+    [t] = res.tries
+    assert t.kind == "BadRequestError" and not t.rules_out_provider
+
+
+async def test_no_candidate_leaves_the_job_pending_with_the_reason(store: Store) -> None:
+    mem = MemoryProvider("mem", [offer("mem", "a", 1.0)])
+    res = await place(await router_over(store, mem), gpu="H100")  # nothing of that GPU here
+
+    assert not res.placed and res.job.state is JobState.pending and not mem.launches
+    assert res.reason.startswith("no feasible offer") and res.job.reason == res.reason

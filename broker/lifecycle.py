@@ -34,7 +34,7 @@ from broker.models import (
     utcnow,
 )
 from providers.base import Provider
-from providers.capabilities import RunsBurnIn
+from providers.capabilities import Launches, RunsBurnIn
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -265,7 +265,7 @@ class JobLifecycle:
         """Give an allocation back to its provider and record it as ``state``; a failed release is left
         unrecorded (still live), so reconciliation retries it."""
         provider = self.providers.get(alloc.provider)
-        if provider is not None:
+        if isinstance(provider, Launches):
             try:
                 await provider.release(alloc)
             except ProviderError as exc:

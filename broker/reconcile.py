@@ -117,7 +117,7 @@ class _Pass:
                 self._jobs[job_id] = None
         return self._jobs[job_id]
 
-    async def release(self, p: Provider, a: Allocation, why: str, record: Allocation | None) -> None:
+    async def release(self, p: Launches, a: Allocation, why: str, record: Allocation | None) -> None:
         """Give ``a`` back to ``p``; once it is gone, record ``record`` (if any) as released. A failed
         release changes nothing: the next pass tries again."""
         try:
@@ -149,10 +149,12 @@ class _Pass:
     async def settle_held(self, providers: Mapping[str, Provider], owned: Mapping[str, list[Allocation]]) -> None:
         """Walk what the providers hold: adopt what a live job owns, release the rest."""
         for name, items in owned.items():
+            p = providers[name]
+            assert isinstance(p, Launches)  # list_owned lists launching providers only
             for a in items:
-                await self.settle_one(name, providers[name], a)
+                await self.settle_one(name, p, a)
 
-    async def settle_one(self, name: str, p: Provider, a: Allocation) -> None:
+    async def settle_one(self, name: str, p: Launches, a: Allocation) -> None:
         """One allocation ``p`` (configured as ``name``) holds: release it when its job is not live or
         already holds another live allocation; else adopt it (complete its record, or write the one a crash
         never wrote)."""
@@ -170,7 +172,7 @@ class _Pass:
         else:
             await self.adopt_unrecorded(p, a, job)
 
-    async def adopt_into(self, p: Provider, a: Allocation, job: Job, mine: Allocation) -> None:
+    async def adopt_into(self, p: Launches, a: Allocation, job: Job, mine: Allocation) -> None:
         """Complete the record ``mine`` with what the provider shows (``a``), unless its launch may still be
         in flight; over what we read only, since a launcher or the poll loop may have decided since."""
         if mine.state is AllocationState.intent and self.may_be_in_flight(mine.created_at):
@@ -189,7 +191,7 @@ class _Pass:
             return
         self.report.adopted.append(mine.id)
 
-    async def adopt_unrecorded(self, p: Provider, a: Allocation, job: Job) -> None:
+    async def adopt_unrecorded(self, p: Launches, a: Allocation, job: Job) -> None:
         """Write the record a crash between the provider call and its record never wrote; when the job took
         another live allocation meanwhile (the store allows one), release this one instead."""
         started = a.state in (AllocationState.pending, AllocationState.running, AllocationState.unknown)

@@ -230,7 +230,7 @@ class Lockstep:
 
     async def release_allocation(self, alloc: Allocation, reason: str) -> Allocation:
         """Give an allocation back to its provider and record it; already-gone counts as released."""
-        provider = self.market.providers.get(alloc.provider)
+        provider = self.market.launcher(alloc.provider)
         if provider is None:
             raise ProviderError(alloc.provider, "provider not configured; cannot release " + alloc.id)
         if alloc.resource_ids or alloc.state is not AllocationState.intent:

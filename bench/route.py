@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from broker.config import load_settings
 from broker.models import JobState
-from broker.registry import build_providers
 from broker.service import Lockstep
 from broker.specs import parse_spec
 from broker.store import Store
+from providers.registry import build_providers
 
 VAST_KEY = "bench-vast-key"
 DUMMY_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",

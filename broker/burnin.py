@@ -4,12 +4,15 @@
   with its verdict, and takes an unhealthy node out of the pool at once: it is marked unhealthy in the
   store (quotes reject it from the next call on) and drained at its provider (Slurm then schedules
   nothing new on it, and its offers disappear from the next refresh).
-- :func:`burn_in` runs the node probe (``broker/probe.py``) as a batch job pinned to one Slurm node,
-  waits for it, reads its JSON back from a results directory and records it.
+- :func:`burn_in` runs the node probe (``broker/probe.py``) as a job pinned to one node of a provider
+  that runs burn-in (:class:`providers.capabilities.RunsBurnIn`: Slurm), waits for it, reads its JSON
+  back from a results directory and records it.
 - :func:`probe_script` is the piece of job script that does the measuring; the same lines can run in
   front of a user's command to make burn-in the first step of an allocation (see docs/benchmarks.md).
 
-The CLI and the API stay thin shells over these functions.
+Every operation takes a :class:`BurnIn`: the settings, the store and the providers it uses, and the
+node operations it calls (the service's drain and resume). The CLI and the API stay thin shells over
+these functions.
 """
 
 from __future__ import annotations
@@ -23,23 +26,27 @@ import re
 import secrets
 import shlex
 import tempfile
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from broker import probe as _probe
+from broker.config import Settings
 from broker.errors import NotFoundError, ProviderError, SpecError, TransientError
 from broker.models import Allocation, AllocationState, Benchmark, Fabric
 from broker.nccl import parse_nccl, to_benchmark
 from policies.health import HealthThresholds, assess_with
+from providers.base import Provider
+from providers.capabilities import RunsBurnIn
 
 if TYPE_CHECKING:
-    from broker.config import Settings
-    from broker.service import Lockstep
-    from providers.slurm import SlurmProvider
+    from broker.store import Store
 
 __all__ = [
     "BURNIN_TAG",
     "PROBE_EOF",
+    "BurnIn",
     "benchmark_from_text",
     "burn_in",
     "burnin_command",
@@ -67,6 +74,27 @@ _STEM = re.compile(r"[A-Za-z0-9._-]{1,120}")
 _MAX_DRAIN_REASON = 200  # one readable line in `sinfo -R`; the full text is in the stored benchmark
 
 
+@dataclass(frozen=True)
+class BurnIn:
+    """What burn-in and benchmark recording use, so that they need no service object.
+
+    ``drain_node(provider, node, reason)`` takes a node out of the pool: marks it unhealthy in the
+    store, so every quote rejects it at once, and drains it where its provider can; it answers
+    ``{"drained": bool, ...}``. ``resume_node(provider, node)`` is its inverse. The service passes
+    its own (they also forget its cached node health).
+    """
+
+    settings: Settings
+    store: Store
+    providers: Mapping[str, Provider]
+    drain_node: Callable[[str, str, str], Awaitable[dict[str, Any]]]
+    resume_node: Callable[[str, str], Awaitable[None]]
+
+    async def db(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A blocking store call, off the event loop."""
+        return await asyncio.to_thread(fn, *args)
+
+
 # --------------------------------------------------------------------------- recording
 
 
@@ -77,35 +105,35 @@ def _drain_reason(reasons: list[str]) -> str:
     return text if len(text) <= _MAX_DRAIN_REASON else text[: _MAX_DRAIN_REASON - 3] + "..."
 
 
-async def record_benchmark(svc: Lockstep, b: Benchmark, *, fabric: Fabric | None = None) -> Benchmark:
+async def record_benchmark(ctx: BurnIn, b: Benchmark, *, fabric: Fabric | None = None) -> Benchmark:
     """Judge ``b`` with the health gates, store it with its verdict, and pull an unhealthy node.
 
     ``fabric`` is the inter-node fabric the measurement crossed (None for a single-node run, which the
     latency gate does not judge). An unhealthy target is marked unhealthy in the store and, when its
-    provider can drain (Slurm), drained with the reason. A failed drain does not lose the benchmark:
+    provider drains nodes (Slurm), drained with the reason. A failed drain does not lose the benchmark:
     the outcome is kept under ``raw["drain"]``. Returns the stored benchmark.
     """
-    thresholds = HealthThresholds.of(svc.settings.health)
+    thresholds = HealthThresholds.of(ctx.settings.health)
     healthy, reasons = assess_with(b, thresholds, gpu_model=b.gpu or None, fabric=fabric)
     raw = dict(b.raw)
     if fabric is not None:
         raw["fabric"] = Fabric(fabric).value
     if not healthy:
-        raw["drain"] = await _pull_node(svc, b.provider, b.target, _drain_reason(reasons))
+        raw["drain"] = await _pull_node(ctx, b.provider, b.target, _drain_reason(reasons))
     stored = b.model_copy(update={"healthy": healthy, "reason": " ".join(reasons), "raw": raw})
-    await svc.db(svc.store.add_benchmark, stored)
+    await ctx.db(ctx.store.add_benchmark, stored)
     return stored
 
 
-async def _pull_node(svc: Lockstep, provider: str, node: str, reason: str) -> dict[str, Any]:
-    if provider not in svc.market.providers:
+async def _pull_node(ctx: BurnIn, provider: str, node: str, reason: str) -> dict[str, Any]:
+    if provider not in ctx.providers:
         # No offers of it in this market to reject; the mark still reaches other replicas and later runs.
-        await svc.db(svc.store.set_node_health, provider, node, False, reason)
+        await ctx.db(ctx.store.set_node_health, provider, node, False, reason)
         return {"drained": False, "why": "provider not configured"}
     try:
-        # The service marks the node in the store first (and forgets its cached health, so the very next
-        # quote rejects the node), then drains it at the provider.
-        done = await svc.drain_node(provider, node, reason)
+        # The node operation marks the node in the store first (and forgets cached health, so the very
+        # next quote rejects the node), then drains it at the provider.
+        done = await ctx.drain_node(provider, node, reason)
     except ProviderError as exc:  # e.g. a SKU target, not a node: the store mark still applies
         log.warning("drain of %s on %s failed: %s", node, provider, exc)
         return {"drained": False, "why": str(exc)[:300]}
@@ -115,18 +143,18 @@ async def _pull_node(svc: Lockstep, provider: str, node: str, reason: str) -> di
     return {"drained": True, "reason": reason}
 
 
-async def resume_node(svc: Lockstep, provider: str, node: str) -> None:
-    """Put a node back (see :meth:`Lockstep.resume_node`)."""
-    await svc.resume_node(provider, node)
+async def resume_node(ctx: BurnIn, provider: str, node: str) -> None:
+    """Put a node back: healthy in the store, resumed at its provider where it drains nodes."""
+    await ctx.resume_node(provider, node)
 
 
 async def list_benchmarks(
-    svc: Lockstep, *, provider: str | None = None, target: str | None = None, latest_only: bool = True
+    ctx: BurnIn, *, provider: str | None = None, target: str | None = None, latest_only: bool = True
 ) -> tuple[list[Benchmark], dict[tuple[str, str], str]]:
     """Stored benchmarks (newest first; one per provider and target with ``latest_only``) and the
     nodes currently marked unhealthy, (provider, node) → reason."""
-    benches = await svc.db(svc.store.benchmarks, provider, target, latest_only)
-    unhealthy = await svc.db(svc.store.unhealthy_nodes, provider)
+    benches = await ctx.db(ctx.store.benchmarks, provider, target, latest_only)
+    unhealthy = await ctx.db(ctx.store.unhealthy_nodes, provider)
     return benches, unhealthy
 
 
@@ -231,11 +259,11 @@ def _results(directory: Path, stem: str) -> list[tuple[Path, str, Any]]:
     return out
 
 
-async def collect_burnin(svc: Lockstep, provider: str, stem: str) -> list[Benchmark]:
+async def collect_burnin(ctx: BurnIn, provider: str, stem: str) -> list[Benchmark]:
     """Record every result a burn-in step with ``stem`` has left so far, one per node; each file is
     removed once stored, so calling this on every poll stores each result once."""
     out: list[Benchmark] = []
-    for path, node, doc in await asyncio.to_thread(_results, results_dir(svc), stem):
+    for path, node, doc in await asyncio.to_thread(_results, results_dir(ctx), stem):
         try:
             b = _probe.benchmark_from_probe(doc, provider, node) if isinstance(doc, dict) else None
         except (ValueError, TypeError, AttributeError) as exc:
@@ -244,13 +272,13 @@ async def collect_burnin(svc: Lockstep, provider: str, stem: str) -> list[Benchm
         if b is None:
             continue  # left in place for an operator to look at
         b.raw["burnin"] = {"node": node, "stem": stem}
-        out.append(await record_benchmark(svc, b))
+        out.append(await record_benchmark(ctx, b))
         await asyncio.to_thread(path.unlink, missing_ok=True)
     return out
 
 
-def results_dir(svc: Lockstep) -> Path:
-    return results_path(svc.settings)
+def results_dir(ctx: BurnIn) -> Path:
+    return results_path(ctx.settings)
 
 
 def results_path(settings: Settings) -> Path:
@@ -259,39 +287,16 @@ def results_path(settings: Settings) -> Path:
     return Path(configured) if configured else Path(tempfile.gettempdir()) / "lockstep-burnin"
 
 
-# --------------------------------------------------------------------------- burn-in on Slurm
+# --------------------------------------------------------------------------- burn-in of one node
 
 
-def _slurm(svc: Lockstep, provider: str) -> SlurmProvider:
-    from providers.slurm import SlurmProvider
-
-    prov = svc.market.providers.get(provider)
+def _runner(ctx: BurnIn, provider: str) -> RunsBurnIn:
+    prov = ctx.providers.get(provider)
     if prov is None:
         raise NotFoundError(f"provider {provider} not configured")
-    if not isinstance(prov, SlurmProvider):
-        raise SpecError("provider", f"burn-in runs as a Slurm batch job; {provider} is not a Slurm provider")
+    if not isinstance(prov, RunsBurnIn):
+        raise SpecError("provider", f"burn-in runs as a batch job pinned to a node; {provider} cannot run one")
     return prov
-
-
-async def _submit(prov: SlurmProvider, node: str, gpus: int, gpu_type: str, partition: str | None,
-                  script: str, comment: str, limit_min: int, log_path: str) -> str:
-    from providers import slurm_api as api
-
-    req = api.SubmitRequest(
-        name=f"lockstep-burnin-{node}"[:100],
-        script=script,
-        nodes=1,
-        gpus_per_node=gpus,
-        gpu_type=gpu_type,
-        time_limit_min=limit_min,
-        comment=comment,
-        partition=partition,
-        stdout=log_path,
-        node=node,
-    )
-    # The provider's own transport (auth, error mapping, bounded retries); a retried submit can at worst
-    # start a second probe, which writes the same result file and is harmless.
-    return await prov.submit(req)
 
 
 def _tail(path: Path, lines: int = 3) -> str:
@@ -303,7 +308,7 @@ def _tail(path: Path, lines: int = 3) -> str:
 
 
 async def _wait_for_result(
-    prov: SlurmProvider, alloc: Allocation, result: Path, log_path: Path, timeout_s: float
+    prov: RunsBurnIn, alloc: Allocation, result: Path, log_path: Path, timeout_s: float
 ) -> None:
     """Poll the job until its result file appears; raise if it ends without one or takes too long."""
     job_id, node = alloc.resource_ids[0], alloc.job_id.removeprefix("burnin-")
@@ -328,7 +333,7 @@ async def _wait_for_result(
 
 
 async def burn_in(
-    svc: Lockstep,
+    ctx: BurnIn,
     provider: str,
     node: str,
     *,
@@ -336,42 +341,37 @@ async def burn_in(
     timeout_s: float = 300,
     gpus: int | None = None,
 ) -> Benchmark:
-    """Run the probe on ``node`` as a Slurm batch job, wait for it, record the result.
+    """Run the probe on ``node`` as a job pinned to it (a Slurm batch job), wait for it, record the result.
 
     The job takes all the node's GPUs unless ``gpus`` says otherwise (a burn-in measures the whole
     node), is pinned to it, and writes its JSON under :func:`results_dir` (a shared filesystem on a
     real cluster). Raises SpecError for an unknown or unavailable node, TransientError when the job
     does not finish within ``timeout_s`` (it is cancelled), ProviderError when it fails.
     """
-    prov = _slurm(svc, provider)
-    nodes = {n.name: n for n in await prov.nodes()}
+    prov = _runner(ctx, provider)
+    nodes = {n.name: n for n in await prov.list_nodes()}
     info = nodes.get(node)
     if info is None:
         known = ", ".join(sorted(nodes)[:20])
         raise SpecError("node", f"{node!r} is not a node of {provider} (known: {known})")
     if not info.healthy:
-        state = "+".join(sorted(info.state))
-        raise SpecError("node", f"{node} is {state}: nothing starts there; resume it first to burn it in")
+        raise SpecError("node", f"{node} is {info.state}: nothing starts there; resume it first to burn it in")
     want = info.gpus_total if gpus is None else gpus
     if want < 0 or want > info.gpus_total:
         raise SpecError("gpus", f"{node} has {info.gpus_total} GPU(s), {want} asked")
-    partition = prov.config.partition if prov.config.partition in info.partitions else None
-    if partition is None and info.partitions:
-        partition = info.partitions[0]
 
     token = secrets.token_hex(6)
-    out_dir = results_dir(svc)
+    out_dir = results_dir(ctx)
     stem = f"burnin-{token}"
     result = out_dir / f"{stem}-{node}.json"
     log_path = out_dir / f"{stem}.log"
     out_dir.mkdir(parents=True, exist_ok=True)
-    comment = f"{BURNIN_TAG}={prov.installation};lockstep:node={node};lockstep:token={token}"
+    labels = {BURNIN_TAG: prov.installation, "lockstep:node": node, "lockstep:token": token}
     limit_min = max(2, math.ceil(timeout_s / 60) + 1)
-    job_id = await _submit(prov, node, want, info.gpu_type, partition,
-                           burnin_job_script(str(out_dir), stem, quick=quick), comment, limit_min, str(log_path))
-    alloc = Allocation(id=f"{provider}:burnin:{job_id}", job_id=f"burnin-{node}", provider=provider,
-                       state=AllocationState.pending, resource_ids=[job_id])
-    log.info("burn-in of %s: Slurm job %s", node, job_id)
+    alloc = await prov.run_on_node(node, burnin_job_script(str(out_dir), stem, quick=quick), gpus=want,
+                                   time_limit_min=limit_min, log_path=str(log_path), labels=labels)
+    job_id = alloc.resource_ids[0]
+    log.info("burn-in of %s: job %s", node, job_id)
 
     try:
         await _wait_for_result(prov, alloc, result, log_path, timeout_s)
@@ -389,7 +389,7 @@ async def burn_in(
         raise ProviderError(provider, f"burn-in result {result} unreadable ({type(exc).__name__})") from None
     b = _probe.benchmark_from_probe(doc, provider, node)
     b.raw["burnin"] = {"slurm_job_id": job_id, "node": node, "quick": quick}
-    recorded = await record_benchmark(svc, b)
+    recorded = await record_benchmark(ctx, b)
     for path in (result, log_path):  # stored now; the store is the record
         await asyncio.to_thread(path.unlink, missing_ok=True)
     return recorded

@@ -34,6 +34,7 @@ from broker.models import (
     utcnow,
 )
 from providers.base import Provider
+from providers.capabilities import Launches, RunsBurnIn
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -212,7 +213,8 @@ class JobLifecycle:
             await asyncio.to_thread(self.store.update_allocation, alloc.id, state=state, attrs=attrs,
                                     reason=reason or alloc.reason)
         spent = job.spent_usd + run_cost(alloc, attrs, now) if state in ENDED else job.spent_usd
-        if job.spec.burn_in and self.burn_in is not None and alloc.provider == "slurm" and state in (
+        if job.spec.burn_in and self.burn_in is not None and isinstance(
+                self.providers.get(alloc.provider), RunsBurnIn) and state in (
                 AllocationState.running, AllocationState.succeeded, AllocationState.failed):
             bad = await self._burn_in_failure(job, alloc)
             if bad and state is AllocationState.running:
@@ -263,7 +265,7 @@ class JobLifecycle:
         """Give an allocation back to its provider and record it as ``state``; a failed release is left
         unrecorded (still live), so reconciliation retries it."""
         provider = self.providers.get(alloc.provider)
-        if provider is not None:
+        if isinstance(provider, Launches):
             try:
                 await provider.release(alloc)
             except ProviderError as exc:

@@ -127,7 +127,7 @@ class BrokerLoops:
         for alloc in allocs:
             if alloc.state is AllocationState.intent:
                 continue  # the router is launching it, or reconciliation will resolve it
-            provider = self.market.providers.get(alloc.provider)
+            provider = self.market.launcher(alloc.provider)
             if provider is None:
                 continue
             try:

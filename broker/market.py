@@ -4,6 +4,11 @@ Each provider is asked with its own timeout. A provider that fails or times
 out keeps its last offers, marked stale with their age, and its health says
 why; the others stand. Readers always get the last complete snapshot (a
 refresh swaps it in atomically), so placement never waits on a slow market.
+
+A refresh with a query filters every provider's answer with
+:func:`providers.base.matches`, here and nowhere else (providers may answer more
+than asked). Snapshot rows (``Offer.source``: the bundled catalog) give way to
+live offers of the same market.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from datetime import datetime
 
 from pydantic import BaseModel
 
-from broker.models import Offer, Perf, utcnow
+from broker.models import Offer, OfferSource, Perf, utcnow
 from policies.book import OfferBook
-from providers.base import OfferQuery, Provider
+from providers.base import OfferQuery, Provider, matches
+from providers.capabilities import Launches, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +69,16 @@ class Marketplace:
         self._lock = asyncio.Lock()
         self.refreshed_at: datetime | None = None
 
+    def launcher(self, name: str) -> Launches | None:
+        """The provider ``name`` if it launches (typed for launch/poll/release/owned), else None."""
+        p = self.providers.get(name)
+        return p if isinstance(p, Launches) else None
+
+    @property
+    def has_snapshot(self) -> bool:
+        """A provider answers from a snapshot (no network needed): quotes work with every live market down."""
+        return any(isinstance(p, Snapshot) for p in self.providers.values())
+
     async def _refresh_one(self, name: str, provider: Provider, query: OfferQuery | None) -> None:
         health = self._health[name]
         started = time.perf_counter()
@@ -78,6 +94,8 @@ class Marketplace:
                 self.on_refresh(name, False, elapsed)
             return
         elapsed = time.perf_counter() - started
+        if query is not None:
+            offers = [o for o in offers if matches(o, query)]
         self._offers[name] = offers
         health.ok, health.last_error, health.latency_s = True, "", elapsed
         health.last_ok, health.offers = self.clock(), len(offers)
@@ -118,8 +136,8 @@ class Marketplace:
     def offers(self) -> list[Offer]:
         """All offers; those of a provider whose last refresh failed are marked stale.
 
-        Catalog offers describing a market that is configured live (e.g. AWS
-        list prices when the AWS adapter answers) are dropped: live beats list.
+        Snapshot offers of a market that answers live (e.g. the catalog's AWS list
+        prices when the AWS adapter answers) are dropped: live beats a snapshot.
         Merged once per refresh and shared by the book, ``find`` and listings.
         """
         if self._snapshot is None:
@@ -127,15 +145,23 @@ class Marketplace:
             self._by_id = {o.id: o for o in self._snapshot}
         return list(self._snapshot)
 
-    def _merge(self) -> list[Offer]:
-        live = {
-            name for name, h in self._health.items() if h.ok and name != "catalog" and self._offers.get(name)
+    def live_markets(self) -> set[str]:
+        """Markets (``Offer.provider``) with live offers from a provider whose last refresh succeeded."""
+        return {
+            o.provider
+            for name, offers in self._offers.items()
+            if self._health[name].ok
+            for o in offers
+            if o.source is OfferSource.live
         }
+
+    def _merge(self) -> list[Offer]:
+        live = self.live_markets()
         out: list[Offer] = []
         for name, offers in self._offers.items():
             stale = not self._health[name].ok
             for o in offers:
-                if name == "catalog" and o.provider in live:
+                if o.source is OfferSource.snapshot and o.provider in live:
                     continue
                 if self.measured:
                     o = self._with_measured(o)

@@ -186,6 +186,13 @@ class Perf(BaseModel):
     relative: float | None = None  # speed relative to the datasheet, 1.0 = as specified
 
 
+class OfferSource(StrEnum):
+    """Where an offer's figures come from: the market now, or a dated snapshot of it (the catalog)."""
+
+    live = "live"
+    snapshot = "snapshot"  # read-only; ``observed_at`` is the snapshot's date
+
+
 class Offer(BaseModel):
     """One rentable unit: a node type in a place, at a price, in a market."""
 
@@ -211,6 +218,7 @@ class Offer(BaseModel):
     egress_usd_per_gb: float = 0.0
     queue_wait_hours: float = 0.0  # expected wait before it starts (on-prem queue)
     observed_at: datetime = Field(default_factory=utcnow)
+    source: OfferSource = OfferSource.live
     stale: bool = False
     attrs: dict[str, str] = Field(default_factory=dict)  # provider specifics: ask id, partition…
 

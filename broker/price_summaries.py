@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Protocol
 
@@ -28,10 +28,16 @@ UTILISATION = "utilisation"
 
 
 class NodeLike(Protocol):
-    gpu_type: str
-    features: tuple[str, ...]
-    gpus_total: int
-    gpus_used: int
+    """A pool's node as providers.capabilities.NodeUsage gives it."""
+
+    @property
+    def gpu(self) -> str | None: ...  # canonical model; None when not one (a MIG slice)
+
+    @property
+    def gpus_total(self) -> int: ...
+
+    @property
+    def gpus_used(self) -> int: ...
 
     @property
     def healthy(self) -> bool: ...
@@ -106,19 +112,13 @@ def rate_points(provider: str, offers: Iterable[Offer], at: datetime) -> list[Pr
     ]
 
 
-def utilisation_points(
-    provider: str,
-    cluster: str,
-    nodes: Iterable[NodeLike],
-    at: datetime,
-    model_of: Callable[[str, Iterable[str]], str | None],
-) -> list[PricePoint]:
-    """Share of GPUs allocated per GPU model over healthy nodes (``model_of(gres_type, features)``)."""
+def utilisation_points(provider: str, cluster: str, nodes: Iterable[NodeLike], at: datetime) -> list[PricePoint]:
+    """Share of GPUs allocated per GPU model over healthy nodes."""
     totals: dict[str, list[int]] = {}
     for n in nodes:
         if not n.healthy or n.gpus_total <= 0:
             continue
-        model = model_of(n.gpu_type, n.features)
+        model = n.gpu
         if not model:
             continue
         t = totals.setdefault(model, [0, 0])

@@ -36,6 +36,7 @@ from broker.lifecycle import HOLDING, JobLifecycle
 from broker.models import Allocation, AllocationState, Job, JobState, utcnow
 from broker.store import LIVE_STATES
 from providers.base import Provider
+from providers.capabilities import Launches
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -116,7 +117,7 @@ class _Pass:
                 self._jobs[job_id] = None
         return self._jobs[job_id]
 
-    async def release(self, p: Provider, a: Allocation, why: str, record: Allocation | None) -> None:
+    async def release(self, p: Launches, a: Allocation, why: str, record: Allocation | None) -> None:
         """Give ``a`` back to ``p``; once it is gone, record ``record`` (if any) as released. A failed
         release changes nothing: the next pass tries again."""
         try:
@@ -135,7 +136,7 @@ class _Pass:
         the report's ``unreachable`` and left out: nothing of it is decided on a guess."""
         owned: dict[str, list[Allocation]] = {}
         for name, p in providers.items():
-            if not p.can_launch:
+            if not isinstance(p, Launches):
                 continue
             try:
                 owned[name] = await p.owned()
@@ -148,10 +149,12 @@ class _Pass:
     async def settle_held(self, providers: Mapping[str, Provider], owned: Mapping[str, list[Allocation]]) -> None:
         """Walk what the providers hold: adopt what a live job owns, release the rest."""
         for name, items in owned.items():
+            p = providers[name]
+            assert isinstance(p, Launches)  # list_owned lists launching providers only
             for a in items:
-                await self.settle_one(name, providers[name], a)
+                await self.settle_one(name, p, a)
 
-    async def settle_one(self, name: str, p: Provider, a: Allocation) -> None:
+    async def settle_one(self, name: str, p: Launches, a: Allocation) -> None:
         """One allocation ``p`` (configured as ``name``) holds: release it when its job is not live or
         already holds another live allocation; else adopt it (complete its record, or write the one a crash
         never wrote)."""
@@ -169,7 +172,7 @@ class _Pass:
         else:
             await self.adopt_unrecorded(p, a, job)
 
-    async def adopt_into(self, p: Provider, a: Allocation, job: Job, mine: Allocation) -> None:
+    async def adopt_into(self, p: Launches, a: Allocation, job: Job, mine: Allocation) -> None:
         """Complete the record ``mine`` with what the provider shows (``a``), unless its launch may still be
         in flight; over what we read only, since a launcher or the poll loop may have decided since."""
         if mine.state is AllocationState.intent and self.may_be_in_flight(mine.created_at):
@@ -188,7 +191,7 @@ class _Pass:
             return
         self.report.adopted.append(mine.id)
 
-    async def adopt_unrecorded(self, p: Provider, a: Allocation, job: Job) -> None:
+    async def adopt_unrecorded(self, p: Launches, a: Allocation, job: Job) -> None:
         """Write the record a crash between the provider call and its record never wrote; when the job took
         another live allocation meanwhile (the store allows one), release this one instead."""
         started = a.state in (AllocationState.pending, AllocationState.running, AllocationState.unknown)

@@ -44,6 +44,7 @@ from broker.models import (
     Job,
     JobState,
     Offer,
+    OfferSource,
     Quote,
     QuoteOption,
     utcnow,
@@ -52,7 +53,8 @@ from broker.store import LIVE_STATES
 from policies.book import DEFAULT_SPOT_PREEMPTIONS_PER_HOUR
 from policies.placement import Decision, candidates, decide
 from policies.ranking import quote as rank_quote
-from providers.base import LaunchRequest, Provider
+from providers.base import LaunchRequest
+from providers.capabilities import Launches, RunsBurnIn
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -130,9 +132,8 @@ class Router:
         provider = self.market.providers.get(o.provider)
         return (
             offer is not None
-            and provider is not None
-            and provider.can_launch
-            and offer.attrs.get("source") != "catalog"
+            and isinstance(provider, Launches)
+            and offer.source is OfferSource.live
             and not (single_unit(offer) and (o.offer_id in self._taken or o.offer_id in held))
         )
 
@@ -271,11 +272,12 @@ class Router:
                    tries: Sequence[LaunchTry]) -> PlacementResult | LaunchTry:
         """One launch try on ``offer``: the final result (placed, or a reconcile decided the launch), or the
         record of a failed try (the caller moves on). ``tries``: the failed tries before this one."""
-        provider = self.market.providers[opt.provider]
+        provider = self.market.launcher(opt.provider)
+        assert provider is not None  # only launchable options are tried
         # Counted (and persisted) before the intent and the call: a crash never reuses an attempt's token.
         attempt = await self.lifecycle.start_attempt(job.id)
         spec = job.spec
-        if spec.burn_in and opt.provider == "slurm":
+        if spec.burn_in and isinstance(provider, RunsBurnIn):
             # Burn-in as the allocation's first step: the probe runs before the user's command.
             from broker.burnin import burnin_command, job_stem, results_path
 
@@ -364,7 +366,7 @@ class Router:
         return PlacementResult(latest, placed, f"allocation {alloc.id} was decided by a reconcile during its launch",
                                list(tries))
 
-    async def _release_orphan(self, job: Job, alloc: Allocation, provider: Provider, got: Allocation,
+    async def _release_orphan(self, job: Job, alloc: Allocation, provider: Launches, got: Allocation,
                               tries: Sequence[LaunchTry]) -> PlacementResult:
         """The launch completed after a reconcile gave its intent up (and requeued the job): what it got
         belongs to nobody. Record that first (so no one adopts it meanwhile), then give it back."""
@@ -385,7 +387,7 @@ class Router:
         return await self.back_to_pending(job, "launch completed after its intent was given up; released",
                                           tries, {})
 
-    async def _launch(self, provider: Provider, req: LaunchRequest) -> Allocation:
+    async def _launch(self, provider: Launches, req: LaunchRequest) -> Allocation:
         """``provider.launch``; after an error that may have come after the launch went through (a lost
         answer, a timeout, an adapter bug), ask the provider whether this attempt now holds something,
         rather than move on and leave it running unrecorded until the next restart's reconciliation."""

@@ -34,12 +34,14 @@ from broker.models import (
     Quote,
     utcnow,
 )
-from broker.registry import build_providers
 from policies.offers import OfferFilter, gpu_summary, select
 from policies.ranking import quote as rank_quote
 from providers.base import Provider
+from providers.capabilities import DrainsNodes
+from providers.registry import build_providers
 
 if TYPE_CHECKING:
+    from broker.burnin import BurnIn
     from broker.loops import BrokerLoops
     from broker.store import Store
 
@@ -116,8 +118,15 @@ class Lockstep:
             self._broker = BrokerLoops(
                 self.settings, self.store, self.market, clock=self.clock, preemption_rates=self.preemption_rates,
                 on_placed=self.placement_observer, wake=self.job_submitted,
-                burn_in=lambda job, alloc: collect_burnin(self, alloc.provider, job_stem(job.id, alloc.attempt)))
+                burn_in=lambda job, alloc: collect_burnin(self.burnin, alloc.provider, job_stem(job.id, alloc.attempt)))
         return self._broker
+
+    @property
+    def burnin(self) -> BurnIn:
+        """What burn-in and benchmark recording (broker.burnin) use: the store, settings, providers, drain."""
+        from broker.burnin import BurnIn
+
+        return BurnIn(self.settings, self.store, self.market.providers, self.drain_node, self.resume_node)
 
     def preemption_rates(self) -> dict[tuple[str, str, str], float]:
         """Observed preemptions per hour by (provider, zone, sku); the tracker fills it when running."""
@@ -229,7 +238,7 @@ class Lockstep:
 
     async def release_allocation(self, alloc: Allocation, reason: str) -> Allocation:
         """Give an allocation back to its provider and record it; already-gone counts as released."""
-        provider = self.market.providers.get(alloc.provider)
+        provider = self.market.launcher(alloc.provider)
         if provider is None:
             raise ProviderError(alloc.provider, "provider not configured; cannot release " + alloc.id)
         if alloc.resource_ids or alloc.state is not AllocationState.intent:
@@ -262,9 +271,8 @@ class Lockstep:
         await self.db(self.store.set_node_health, provider, node, False, reason)
         self._unhealthy_cache = None
         drained = False
-        drain = getattr(prov, "drain", None)
-        if drain is not None:
-            await drain(node, reason)
+        if isinstance(prov, DrainsNodes):
+            await prov.drain(node, reason)
             drained = True
         return {"provider": provider, "node": node, "healthy": False, "reason": reason, "drained": drained}
 
@@ -273,9 +281,9 @@ class Lockstep:
         its provider when it can. Never called automatically: a drained node stays out until someone decides."""
         await self.db(self.store.set_node_health, provider, node, True, "")
         self._unhealthy_cache = None
-        resume = getattr(self.market.providers.get(provider), "resume", None)
-        if resume is not None:
-            await resume(node)
+        prov = self.market.providers.get(provider)
+        if isinstance(prov, DrainsNodes):
+            await prov.resume(node)
 
     async def price_history(self, *, gpu: str | None = None, sku: str | None = None, provider: str | None = None,
                             market: Market | None = None, zone: str | None = None, region: str | None = None,

@@ -2,13 +2,15 @@
 
 One run (:meth:`Tracker.run_once`) does, in order:
 
-1. collect price points from every configured market:
-   - ``aws``: spot price history since the newest stored point of each region
-     (:mod:`providers.aws_prices`), so nothing is fetched twice and nothing is missed;
-   - marketplaces (``vast``): per-GPU-model summaries of the offers (min, p10, median, count);
-   - owned and reserved capacity (``slurm``, ``reserved``): their rates;
-   - the on-prem pool (``slurm``): GPU utilisation per model (see :mod:`broker.price_summaries`);
-   the bundled ``catalog`` is a static snapshot and is skipped;
+1. collect price points from every configured market, by what its provider can do
+   (:mod:`providers.capabilities`):
+   - one with a spot-price history (``aws``): the history since the newest stored point
+     of each region, so nothing is fetched twice and nothing is missed;
+   - the others: per-GPU-model summaries of their spot and on-demand offers (min, p10,
+     median, count: ``vast``) and the rates of owned and reserved capacity (``slurm``,
+     ``reserved``); one that lists its nodes (``slurm``) also GPU utilisation per model
+     (see :mod:`broker.price_summaries`);
+   a snapshot (the bundled ``catalog``) has no history to track and is skipped;
 2. store them (the store keeps change-only, deduplicated history);
 3. run the spike rule (:mod:`policies.spikes`) over each series that got new
    points, resuming from the stored history and the open alert; open and close
@@ -28,14 +30,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
 from pydantic import BaseModel, Field
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential, wait_random
 
-from broker.config import AwsConfig, Settings
+from broker.config import Settings
 from broker.errors import ProviderError, TransientError
 from broker.models import AllocationState, Market, PricePoint, SeriesKey, as_utc, utcnow
 from broker.price_store import SERIES_KEYS
@@ -44,11 +46,13 @@ from broker.store import Store
 from policies.risk import RiskKey, preemption_rates
 from policies.spikes import Spike, SpikeDetector, volatility_per_hour
 from providers.base import Provider
+from providers.capabilities import HasSpotPriceHistory, ListsNodes, Snapshot
+from providers.retry import retrying, with_retries
 
 log = logging.getLogger(__name__)
 
 LOCK_NAME = "lockstep-tracker"
-SKIPPED_PROVIDERS = frozenset({"catalog"})  # a static snapshot: no history to track
+WEBHOOK_ATTEMPTS = 3
 SPIKE_STATS = frozenset({"price", "median"})  # min/p10 of a marketplace jump when one cheap host leaves
 SPIKE_MARKETS = frozenset({Market.spot.value, Market.on_demand.value})  # owned/reserved rates are config
 HOUSEKEEPING_EVERY = timedelta(hours=1)
@@ -107,7 +111,7 @@ def load_preemption_rates(store: Store, now: datetime, days: float = 7.0) -> dic
     call it with ``asyncio.to_thread`` from async code.
     """
     # Intents never reached a provider: they count nothing, so they are not read.
-    started = [s for s in AllocationState if s is not AllocationState.intent]
+    started: list[AllocationState] = [s for s in AllocationState if s is not AllocationState.intent]
     return preemption_rates(store.allocations(states=started), now, volatility=spot_volatility(store, now, days))
 
 
@@ -149,7 +153,8 @@ class Tracker:
     async def run_forever(self, stop: asyncio.Event) -> None:
         """Poll every ``tracker.interval_s`` while leader; otherwise retry for the lock each interval."""
         while not stop.is_set():
-            cm = self.store.leader_lock(LOCK_NAME)
+            cm: AbstractContextManager[bool] | None = self.store.leader_lock(LOCK_NAME)
+            assert cm is not None
             try:
                 got = await asyncio.to_thread(cm.__enter__)
             except Exception as exc:  # the database is away: try again next interval
@@ -219,7 +224,7 @@ class Tracker:
         log.warning("tracker: %s: %s", source, message)
 
     async def _collect(self, now: datetime, report: TrackReport) -> dict[str, list[PricePoint]]:
-        names = [n for n in self.providers if n not in SKIPPED_PROVIDERS]
+        names = [n for n, p in self.providers.items() if not isinstance(p, Snapshot)]
         results = await asyncio.gather(*(self._collect_one(n, now, report) for n in names))
         out = dict(zip(names, results, strict=True))
         for name, pts in out.items():
@@ -229,8 +234,8 @@ class Tracker:
     async def _collect_one(self, name: str, now: datetime, report: TrackReport) -> list[PricePoint]:
         provider = self.providers[name]
         try:
-            if name == "aws":
-                return await self._aws(provider, now, report)
+            if isinstance(provider, HasSpotPriceHistory):
+                return await self._history(name, provider, now, report)
             return await asyncio.wait_for(
                 self._market(name, provider, now), self.settings.broker.provider_timeout_s
             )
@@ -241,21 +246,20 @@ class Tracker:
             self._error(report, name, str(exc) if isinstance(exc, ProviderError) else type(exc).__name__)
             return []
 
-    async def _aws(self, provider: Provider, now: datetime, report: TrackReport) -> list[PricePoint]:
-        from providers.aws_prices import spot_price_history
-
-        config: AwsConfig = provider.config  # type: ignore[attr-defined]  (the AWS adapter)
+    async def _history(
+        self, name: str, provider: HasSpotPriceHistory, now: datetime, report: TrackReport
+    ) -> list[PricePoint]:
         horizon = now - timedelta(days=self.cfg.retention_days)
         since: dict[str, datetime | None] = {}
-        for region in config.regions:
-            last = await asyncio.to_thread(self.store.last_seen, "aws", region)
+        for region in provider.price_regions:
+            last = await asyncio.to_thread(self.store.last_seen, provider.name, region)
             since[region] = max(last, horizon) if last is not None else None
         out: list[PricePoint] = []
-        results = await spot_price_history(provider, since, now=now)  # type: ignore[arg-type]
+        results = await provider.spot_price_history(since, now=now)
         for region, res in results.items():
             if isinstance(res, BaseException):
                 msg = str(res) if isinstance(res, ProviderError) else f"{region}: {type(res).__name__}"
-                self._error(report, "aws", msg)
+                self._error(report, name, msg)
             else:
                 out.extend(res)
         return out
@@ -263,12 +267,8 @@ class Tracker:
     async def _market(self, name: str, provider: Provider, now: datetime) -> list[PricePoint]:
         offers = await provider.offers(None)
         points = market_summaries(name, offers, now) + rate_points(name, offers, now)
-        nodes = getattr(provider, "nodes", None)
-        if callable(nodes):  # the on-prem pool: utilisation per GPU model
-            from providers.slurm import gpu_model
-
-            cluster = getattr(getattr(provider, "config", None), "cluster_name", "") or name
-            points += utilisation_points(name, cluster, await nodes(), now, gpu_model)
+        if isinstance(provider, ListsNodes):  # a pool of nodes: utilisation per GPU model
+            points += utilisation_points(name, provider.pool or name, await provider.list_nodes(), now)
         return points
 
     # ------------------------------------------------------------------ spikes
@@ -406,25 +406,23 @@ class Tracker:
     async def _post(self, event: dict[str, Any]) -> bool:
         """POST one event to the webhook; False (logged) on failure. Transient failures retry briefly."""
         assert self.cfg.webhook_url
+        url = self.cfg.webhook_url.get_secret_value()
         client = self._http or httpx.AsyncClient(timeout=10.0)
-        try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(3),
-                wait=wait_exponential(multiplier=0.2, max=2.0) + wait_random(0, 0.2),
-                retry=retry_if_exception_type(TransientError),
-                reraise=True,
-            ):
-                with attempt:
-                    try:
-                        resp = await client.post(self.cfg.webhook_url.get_secret_value(), json=event)
-                    except httpx.TransportError as exc:
-                        raise TransientError("webhook", f"connection failed ({type(exc).__name__})") from exc
-                    if resp.status_code >= 500 or resp.status_code == 429:
-                        raise TransientError("webhook", f"HTTP {resp.status_code}")
-                    if resp.status_code >= 400:
-                        log.warning("tracker: webhook refused the event (HTTP %d)", resp.status_code)
-                        return False
+
+        async def once() -> bool:
+            try:
+                resp = await client.post(url, json=event)
+            except httpx.TransportError as exc:
+                raise TransientError("webhook", f"connection failed ({type(exc).__name__})") from exc
+            if resp.status_code >= 500 or resp.status_code == 429:
+                raise TransientError("webhook", f"HTTP {resp.status_code}")
+            if resp.status_code >= 400:
+                log.warning("tracker: webhook refused the event (HTTP %d)", resp.status_code)
+                return False
             return True
+
+        try:
+            return await with_retries(once, retrying(WEBHOOK_ATTEMPTS, max_wait=2.0))
         except TransientError as exc:
             log.warning("tracker: webhook failed: %s", exc)
             return False

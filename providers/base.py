@@ -2,23 +2,25 @@
 
 In the spirit of gpuhunt: a provider answers ``offers(query)`` with flat,
 normalised :class:`~broker.models.Offer` items; the broker never sees a
-provider's own shapes. Launch/poll/release/owned make it a full market:
+provider's own shapes. That, and ``aclose``, is all a :class:`Provider` must do.
 
-- ``launch`` is idempotent on ``LaunchRequest.client_token`` (derived from the
-  job id and attempt): calling it twice never buys twice.
-- ``owned`` lists everything this Lockstep installation holds at the provider
-  (by tag, label or job comment), so the broker can reconcile after a crash.
-- Errors are the :mod:`broker.errors` provider hierarchy, nothing else.
+Everything else a market may be able to do (launch and release capacity, drain
+nodes, list nodes, give spot-price history, run a burn-in, answer from a dated
+snapshot) is a capability in :mod:`providers.capabilities`: a provider declares it
+by inheriting the mix-in, and the core checks it with ``isinstance``, never by
+name. Errors are the :mod:`broker.errors` provider hierarchy, nothing else.
+See docs/adding-a-provider.md.
 """
 
 from __future__ import annotations
 
 import abc
 import hashlib
+from typing import Self
 
 from pydantic import BaseModel, Field
 
-from broker.models import Allocation, AllocationStatus, JobSpec, Market, Offer
+from broker.models import JobSpec, Market, Offer
 
 OWNER_TAG = "lockstep:owner"  # tag/label key marking what Lockstep owns
 JOB_TAG = "lockstep:job"
@@ -28,7 +30,8 @@ TENANT_TAG = "lockstep:tenant"
 class OfferQuery(BaseModel):
     """Constraints a provider may push down to its API; all optional.
 
-    Providers may return more than asked (the router filters again), never less.
+    Providers may return more than asked, never less: the market filters every
+    answer with :func:`matches` (and the router judges every offer again).
     """
 
     gpus: list[str] | None = None  # canonical models
@@ -56,7 +59,7 @@ class OfferQuery(BaseModel):
 
 
 def matches(o: Offer, q: OfferQuery) -> bool:
-    """Does an offer meet a query? The one push-down check every provider shares.
+    """Does an offer meet a query? Applied in one place: the market, to every provider's answer.
 
     It errs on the side of keeping an offer: what it cannot judge (an offer with no
     region, an unknown reliability) passes, and the router filters again.
@@ -89,7 +92,11 @@ class LaunchRequest(BaseModel):
 
 
 class Provider(abc.ABC):
-    """A market. Subclasses are small: translate, call, normalise, map errors."""
+    """A market. Subclasses are small: translate, call, normalise, map errors.
+
+    Optional abilities are mix-ins from :mod:`providers.capabilities` (``Launches``,
+    ``DrainsNodes``…), declared in the class bases.
+    """
 
     name: str = "provider"
 
@@ -97,29 +104,12 @@ class Provider(abc.ABC):
     async def offers(self, query: OfferQuery | None = None) -> list[Offer]:
         """Current offers, normalised. May push ``query`` down; never returns fewer than match."""
 
-    async def launch(self, req: LaunchRequest) -> Allocation:
-        raise NotImplementedError(f"{self.name} is read-only")
-
-    async def poll(self, alloc: Allocation) -> AllocationStatus:
-        raise NotImplementedError(f"{self.name} is read-only")
-
-    async def release(self, alloc: Allocation) -> None:
-        raise NotImplementedError(f"{self.name} is read-only")
-
-    async def owned(self) -> list[Allocation]:
-        """Everything this installation holds here (for reconciliation)."""
-        return []
-
     async def aclose(self) -> None:
         """Release connections and clients."""
         return None
 
-    async def __aenter__(self) -> Provider:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-    @property
-    def can_launch(self) -> bool:
-        return type(self).launch is not Provider.launch

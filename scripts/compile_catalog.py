@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from broker.gpus import normalise_gpu
-from providers import aws_types
-from providers.aws_types import NVLINK_FAMILIES, family_of
+from providers.aws import instance_types as aws_types
+from providers.aws.instance_types import NVLINK_FAMILIES, family_of
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data"

@@ -252,7 +252,7 @@ async def readyz(request: web.Request) -> web.Response:
         log.warning("readiness: store unreachable (%s)", type(exc).__name__)
         store_ok = False
     health = {name: h.ok for name, h in svc.providers_health().items()}
-    markets_ok = any(health.values()) or "catalog" in svc.market.providers
+    markets_ok = any(health.values()) or svc.market.has_snapshot
     ready = store_ok and markets_ok
     reason = "" if ready else ("store unreachable" if not store_ok else "no provider healthy and no catalog")
     return render(Health(status="ready" if ready else "not ready", store=store_ok, providers=health,

@@ -22,6 +22,7 @@ from broker.config import Settings
 from broker.errors import NotFoundError, ProviderError, SpecError
 from broker.models import Benchmark, Fabric
 from broker.service import Lockstep
+from providers.registry import configured
 
 EXIT_FAIL, EXIT_BAD_INPUT = 1, 2
 T = TypeVar("T")
@@ -34,8 +35,7 @@ def _fail(line: str, code: int = EXIT_BAD_INPUT) -> None:
 
 def _service(settings: Settings, provider: str | None) -> Lockstep:
     """The service with only the provider a command needs (none for store-only commands)."""
-    section = getattr(settings, provider, None) if provider else None
-    if provider and getattr(section, "enabled", False):
+    if provider and configured(settings, provider):
         return Lockstep(settings, only_providers=[provider])
     return Lockstep(settings, providers={})
 
@@ -118,10 +118,10 @@ def burnin_command(
 ) -> None:
     """Burn a node in: run the probe there as a batch job, store the result, drain the node if unhealthy."""
     settings = get_ctx(ctx).settings
-    if not getattr(settings, provider, None) or not getattr(getattr(settings, provider), "enabled", False):
+    if not configured(settings, provider):
         _fail(f"--provider {provider}: not configured (set LOCKSTEP_SLURM_URL and LOCKSTEP_SLURM_TOKEN)")
     b = _run(settings, provider,
-             lambda svc: burnin.burn_in(svc, provider, node, quick=not full, timeout_s=timeout))
+             lambda svc: burnin.burn_in(svc.burnin, provider, node, quick=not full, timeout_s=timeout))
     if json_out:
         typer.echo(json.dumps(_doc(b), indent=2))
         return
@@ -148,7 +148,7 @@ def record_command(
     except SpecError as exc:
         _fail(f"{file}: {exc.reason}")
     settings = get_ctx(ctx).settings
-    b = _run(settings, provider, lambda svc: burnin.record_benchmark(svc, bench, fabric=fab))
+    b = _run(settings, provider, lambda svc: burnin.record_benchmark(svc.burnin, bench, fabric=fab))
     if json_out:
         typer.echo(json.dumps(_doc(b), indent=2))
         return
@@ -166,7 +166,7 @@ def list_command(
     settings = get_ctx(ctx).settings
     benches, unhealthy = _run(
         settings, None,
-        lambda svc: burnin.list_benchmarks(svc, provider=provider, target=target, latest_only=not history),
+        lambda svc: burnin.list_benchmarks(svc.burnin, provider=provider, target=target, latest_only=not history),
     )
     if json_out:
         typer.echo(json.dumps({
@@ -187,7 +187,7 @@ def resume_command(
 ) -> None:
     """Put a node back: healthy in the store, resumed at its provider (after a repair and a new burn-in)."""
     settings = get_ctx(ctx).settings
-    _run(settings, provider, lambda svc: burnin.resume_node(svc, provider, node))
+    _run(settings, provider, lambda svc: burnin.resume_node(svc.burnin, provider, node))
     console.print(f"{provider}/{node}: back in the pool")
 
 

@@ -296,8 +296,8 @@ def track(
 
     Exit code 1 when every market failed in a --once run.
     """
-    from broker.registry import build_providers
     from broker.tracker import Tracker
+    from providers.registry import build_providers
 
     settings = get_ctx(ctx).settings
     logging.getLogger("broker.tracker").setLevel(logging.INFO)

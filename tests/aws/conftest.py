@@ -44,15 +44,6 @@ def pick(offers: list[Offer], sku: str, market: Market, zone: str | None = None)
     raise AssertionError(f"no {market} offer of {sku} in {zone or 'any zone'}: {[o.id for o in offers]}")
 
 
-@pytest.fixture(scope="session")
-def aws_session(moto_server: str) -> AioSession:
-    """One botocore session for the moto tests: it parses the EC2 model once, not per provider.
-
-    Credentials are the dummy ones moto_server put in the environment.
-    """
-    return AioSession()
-
-
 @pytest.fixture
 async def aws(aws_config: AwsConfig, aws_session: AioSession) -> AsyncIterator[AwsProvider]:
     provider = AwsProvider(aws_config, installation=INSTALLATION, session=aws_session)

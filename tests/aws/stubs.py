@@ -73,7 +73,7 @@ async def stubbed(config: AwsConfig, factory: Callable[[AwsProvider], Any] | Non
     aws = AwsProvider(config, installation=INSTALLATION, session=_session())
     provider = factory(aws) if factory else aws
     try:
-        stub = Stubber(await aws.client("us-east-1"))
+        stub = Stubber(await aws.ec2.client("us-east-1"))
         with stub:
             yield provider, stub
             stub.assert_no_pending_responses()

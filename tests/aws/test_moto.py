@@ -9,7 +9,7 @@ from broker.config import AwsConfig
 from broker.errors import CapacityError, ProviderAuthError
 from broker.models import AllocationState, Colocate, Fabric, IntraNode, Market
 from providers.aws import AwsProvider
-from providers.aws_requests import ATTEMPT_TAG, CLIENT_TOKEN_TAG, PROVIDER_TAG
+from providers.aws.requests import ATTEMPT_TAG, CLIENT_TOKEN_TAG, PROVIDER_TAG
 from providers.base import JOB_TAG, OWNER_TAG, TENANT_TAG, OfferQuery
 from tests.aws.conftest import INSTALLATION, launch_request, pick
 from tests.plugins.moto import FaultProxy, moto_config
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.aws
 
 
 async def _instances(aws: AwsProvider, ids: list[str]) -> dict[str, dict]:
-    found = await aws._instances("us-east-1", [{"Name": "instance-id", "Values": ids}])
+    found = await aws.ec2.instances("us-east-1", [{"Name": "instance-id", "Values": ids}])
     return {i["InstanceId"]: i for i in found}
 
 
@@ -44,7 +44,7 @@ async def test_offers_list_p4d_and_p5_with_efa(aws_moto: str, aws_session: AioSe
     assert p5_single.gpu_count == 1 and p5_single.network.intra is IntraNode.pcie
     assert {o.gpu for o in offers} <= {"A100-SXM-40GB", "H100-SXM", "H200"}
     # On-demand prices come from the bundled catalog; a type it does not price (p5e) has no on-demand offer.
-    from providers.catalog import aws_on_demand_price
+    from providers.catalog.client import aws_on_demand_price
 
     od = pick(offers, "p5.48xlarge", Market.on_demand, p5.zone)
     assert od.usd_per_hour == aws_on_demand_price("p5.48xlarge", "us-east-1") and not od.interruptible
@@ -90,7 +90,7 @@ async def test_launch_twice_with_same_job_and_attempt_buys_once(aws: AwsProvider
     # A new attempt is a new purchase.
     other = await aws.launch(launch_request(offer, 2, attempt=1))
     assert not set(other.resource_ids) & set(first.resource_ids)
-    live = await aws._instances(
+    live = await aws.ec2.instances(
         "us-east-1", [{"Name": f"tag:{OWNER_TAG}", "Values": [INSTALLATION]},
                       {"Name": "instance-state-name", "Values": ["pending", "running"]}]
     )
@@ -147,7 +147,7 @@ async def test_out_of_band_spot_termination_is_a_preemption(aws: AwsProvider, aw
     assert (await aws.poll(alloc)).state is AllocationState.running
     # AWS (here: another client) ends one node; Lockstep did not release it.
     async with AwsProvider(aws.config, installation="outsider", session=aws_session) as outsider:
-        await outsider.request("us-east-1", "terminate_instances", InstanceIds=alloc.resource_ids[:1])
+        await outsider.ec2.request("us-east-1", "terminate_instances", InstanceIds=alloc.resource_ids[:1])
     status = await aws.poll(alloc)
     assert status.state is AllocationState.preempted
     assert alloc.resource_ids[0] in status.reason

@@ -10,9 +10,8 @@ from botocore.stub import ANY
 
 from broker.config import AwsConfig, ReservedPool
 from broker.models import AllocationState, Colocate, Market
-from providers.aws import AwsProvider
+from providers.aws import AwsProvider, ReservedProvider
 from providers.base import OfferQuery
-from providers.reserved import ReservedProvider
 from tests.aws.conftest import INSTALLATION, launch_request
 from tests.aws.stubs import instance, stub_config, stubbed
 from tests.aws.test_stubbed import expect_token_lookup, expect_types

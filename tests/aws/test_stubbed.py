@@ -9,7 +9,7 @@ from botocore.stub import ANY
 
 from broker.errors import CapacityError, ProviderAuthError, QuotaError
 from broker.models import Locality, Market, Offer
-from providers.aws_requests import LIVE_STATES, placement_group_name
+from providers.aws.requests import LIVE_STATES, placement_group_name
 from providers.base import OWNER_TAG
 from tests.aws.conftest import INSTALLATION, job, launch_request
 from tests.aws.stubs import instance, stub_config, stubbed, type_records

@@ -10,8 +10,8 @@ from botocore.exceptions import ClientError, EndpointConnectionError, NoCredenti
 
 from broker.errors import BadRequestError, CapacityError, ProviderAuthError, QuotaError, TransientError
 from broker.models import IntraNode
-from providers.aws_errors import map_error
-from providers.aws_types import latest_spot_prices, parse_instance_type, parse_network_gbps
+from providers.aws.errors import map_error
+from providers.aws.instance_types import latest_spot_prices, parse_instance_type, parse_network_gbps
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_connection_and_credential_errors() -> None:
 def test_spot_request_caps_the_price_per_node() -> None:
     from broker.config import AwsConfig
     from broker.models import Locality, Market, Offer
-    from providers.aws_requests import run_instances_request
+    from providers.aws.requests import run_instances_request
     from tests.aws.conftest import job, launch_request
 
     offer = Offer(id="o", provider="aws", market=Market.spot, sku="p5.48xlarge", gpu="H100-SXM", gpu_count=8,

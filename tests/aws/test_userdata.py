@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from providers.aws_requests import user_data
+from providers.aws.requests import user_data
 from tests.aws.conftest import job, launch_request
 from tests.aws.test_stubbed import p4d_offer
 

@@ -129,13 +129,13 @@ async def test_burnin_runs_on_the_named_node_and_is_stored_and_visible(
 
 async def test_burn_in_refuses_unknown_and_drained_nodes(svc: Lockstep, slurm_cluster: SlurmCluster) -> None:
     with pytest.raises(SpecError, match="not a node of slurm"):
-        await burnin.burn_in(svc, "slurm", "gpu-node99")
+        await burnin.burn_in(svc.burnin, "slurm", "gpu-node99")
     provider = svc.market.providers["slurm"]
     assert isinstance(provider, SlurmProvider)
     await provider.drain("gpu-node5", "lockstep test: burn-in refusal")
     try:
         with pytest.raises(SpecError, match="DRAIN"):
-            await burnin.burn_in(svc, "slurm", "gpu-node5")
+            await burnin.burn_in(svc.burnin, "slurm", "gpu-node5")
     finally:
         await provider.resume("gpu-node5")
     await eventually(provider.offers, lambda offers: any(o.locality.host == "gpu-node5" for o in offers),
@@ -157,7 +157,7 @@ async def test_burn_in_that_cannot_start_is_cancelled(
     try:
         await eventually(lambda: provider.poll(holder), lambda s: s.state is AllocationState.running, "holder runs")
         with pytest.raises(TransientError, match="did not finish"):
-            await burnin.burn_in(svc, "slurm", "gpu-node5", timeout_s=3)
+            await burnin.burn_in(svc.burnin, "slurm", "gpu-node5", timeout_s=3)
 
         def burnin_jobs() -> list[str]:
             out = slurm_cluster.cli("squeue", "-h", "-o", "%i %T %k")
@@ -184,7 +184,8 @@ async def test_burn_in_as_the_first_step_of_an_allocation(
     job_id = f"job-{uuid.uuid4().hex[:10]}"
     stem = burnin.job_stem(job_id, 0)
     marker = tmp_path / "user-step-ran"
-    command = burnin.burnin_command(f"echo done > {marker}", result_dir=str(burnin.results_dir(svc)), stem=stem)
+    command = burnin.burnin_command(f"echo done > {marker}", result_dir=str(burnin.results_dir(svc.burnin)),
+                                     stem=stem)
     spec = JobSpec(name="burnin-first", gpu=["L40S"], gpus=1, gpus_per_node=1, workload=Workload(hours=0.1),
                    command=command)
     alloc = await provider.launch(
@@ -195,9 +196,9 @@ async def test_burn_in_as_the_first_step_of_an_allocation(
     finally:
         await provider.release(alloc)
     assert marker.read_text().strip() == "done"  # the user's command ran after the probe
-    got = await burnin.collect_burnin(svc, "slurm", stem)
+    got = await burnin.collect_burnin(svc.burnin, "slurm", stem)
     assert [(b.target, b.healthy, b.raw["source"]) for b in got] == [("gpu-node5", True, "probe")]
-    assert await burnin.collect_burnin(svc, "slurm", stem) == []  # each result is stored once
+    assert await burnin.collect_burnin(svc.burnin, "slurm", stem) == []  # each result is stored once
     assert [b.target for b in await svc.db(svc.store.benchmarks, "slurm")] == ["gpu-node5"]
 
 
@@ -231,7 +232,7 @@ async def test_bad_benchmark_drains_the_node(svc: Lockstep, slurm_cluster: Slurm
     await svc.refresh()
     assert host_offers(svc, node), f"{node} is offered before the test"
     try:
-        b = await burnin.record_benchmark(svc, bench, fabric=fabric)
+        b = await burnin.record_benchmark(svc.burnin, bench, fabric=fabric)
         assert not b.healthy and why in b.reason
         assert b.raw["drain"]["drained"] is True
 
@@ -256,7 +257,7 @@ async def test_bad_benchmark_drains_the_node(svc: Lockstep, slurm_cluster: Slurm
         assert not host_offers(svc, node)
         assert all(node not in o.attrs.get("nodes", "").split(",") for o in await svc.offers(OfferFilter()))
     finally:
-        await burnin.resume_node(svc, "slurm", node)
+        await burnin.resume_node(svc.burnin, "slurm", node)
     assert ("slurm", node) not in await svc.db(svc.store.unhealthy_nodes, "slurm")
 
     async def refreshed() -> list:
@@ -269,7 +270,7 @@ async def test_bad_benchmark_drains_the_node(svc: Lockstep, slurm_cluster: Slurm
 async def test_healthy_benchmark_leaves_the_node_alone(svc: Lockstep, slurm_cluster: SlurmCluster) -> None:
     good = Benchmark(provider="slurm", target="gpu-node5", gpu="L40S", gpu_count=4, tflops_bf16=300.0,
                      raw={"source": "probe"})
-    b = await burnin.record_benchmark(svc, good)
+    b = await burnin.record_benchmark(svc.burnin, good)
     assert b.healthy and b.reason == "" and "drain" not in b.raw
     assert await svc.db(svc.store.unhealthy_nodes, "slurm") == {}
     assert "drain" not in slurm_cluster.cli("sinfo", "-h", "-n", "gpu-node5", "-o", "%T")
@@ -281,7 +282,7 @@ async def test_healthy_benchmark_leaves_the_node_alone(svc: Lockstep, slurm_clus
 async def test_ranking_prefers_the_measured_fast_node(svc: Lockstep) -> None:
     fast, slow = "gpu-node1", "gpu-node2"
     for node, tflops in ((fast, 850.0), (slow, 720.0)):  # both healthy: 86 % and 73 % of the 989 datasheet
-        b = await burnin.record_benchmark(svc, Benchmark(
+        b = await burnin.record_benchmark(svc.burnin, Benchmark(
             provider="slurm", target=node, gpu="H100-SXM", gpu_count=8, tflops_bf16=tflops, raw={"source": "probe"}
         ))
         assert b.healthy, b.reason

@@ -33,7 +33,8 @@ from broker.models import (
 )
 from broker.router import PlacementResult, Router
 from broker.specs import parse_spec
-from providers.base import LaunchRequest, OfferQuery, Provider, matches
+from providers.base import LaunchRequest, OfferQuery, matches
+from providers.capabilities import Launches
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -59,7 +60,7 @@ def offer(provider: str, oid: str, usd: float, zone: str = "z1", **kw: object) -
     return Offer.model_validate(base)
 
 
-class MemoryProvider(Provider):
+class MemoryProvider(Launches):
     """Offers from a list; launches kept in a dict. Faults are set per offer id.
 
     - ``refuse[offer_id] = exc``: launch raises ``exc`` and launches nothing;

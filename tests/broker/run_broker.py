@@ -30,9 +30,9 @@ from typing import Any
 from broker.config import Settings, load_settings
 from broker.models import JobState
 from broker.reconcile import reconcile
-from broker.registry import build_providers
 from broker.service import Lockstep
 from broker.store import Store
+from providers.registry import build_providers
 
 
 def settings_for(installation: str, worker_interval_s: float) -> Settings:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import statistics
 import subprocess
 import sys
@@ -10,17 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from broker.models import Colocate, Fabric, IntraNode, JobSpec, Market, Offer
-from providers.base import LaunchRequest, OfferQuery
-from providers.catalog import (
-    CatalogProvider,
+from broker.market import Marketplace
+from broker.models import Colocate, Fabric, IntraNode, Market, Offer, OfferSource
+from providers.base import OfferQuery
+from providers.capabilities import Launches, Snapshot
+from providers.catalog import CatalogProvider
+from providers.catalog.client import (
     aws_instance_info,
     aws_on_demand_price,
     aws_spot_price,
-    catalog_offers,
     load_catalog,
     vast_typical_price,
 )
+from providers.catalog.offers import catalog_offers
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "compile_catalog.py"
@@ -67,7 +70,7 @@ def test_every_offer_validates_and_ids_are_unique(offers: tuple[Offer, ...]) -> 
     for o in offers:
         again = Offer.model_validate(o.model_dump(mode="json"))
         assert again == o
-        assert o.attrs["source"] == "catalog"
+        assert o.attrs["source"] == "catalog" and o.source is OfferSource.snapshot
         assert o.usd_per_hour > 0 and o.gpu_count > 0
         assert o.observed_at.date().isoformat() == "2026-11-29"
         assert o.provider in ("aws", "vast")
@@ -104,7 +107,8 @@ def test_vast_offers_are_single_machines(offers: tuple[Offer, ...]) -> None:
 
 async def test_provider_is_read_only_and_cached() -> None:
     prov = CatalogProvider()
-    assert prov.name == "catalog" and prov.can_launch is False
+    assert prov.name == "catalog" and isinstance(prov, Snapshot) and not isinstance(prov, Launches)
+    assert prov.as_of.date().isoformat() == "2026-11-29"
     first, second = await prov.offers(), await prov.offers()
     assert first == second and all(a is b for a, b in zip(first, second, strict=True))
     assert len(await CatalogProvider(max_cluster_nodes=4).offers()) == len(first)
@@ -112,21 +116,22 @@ async def test_provider_is_read_only_and_cached() -> None:
     assert {o.max_nodes for o in four if o.provider == "aws"} == {4}
     with pytest.raises(ValueError):
         CatalogProvider(max_cluster_nodes=0)
-    spec = JobSpec.model_validate({"name": "x", "gpu": "H100", "gpus": 8, "workload": {"hours": 1}})
-    with pytest.raises(NotImplementedError):
-        await prov.launch(LaunchRequest(job_id="j", spec=spec, offer=first[0], nodes=1))
+    assert not hasattr(prov, "launch")  # nothing to buy: the router never launches a snapshot row
 
 
-async def test_query_push_down_never_drops_a_match() -> None:
+async def test_a_query_through_the_market_never_drops_a_match() -> None:
     prov = CatalogProvider()
     everything = await prov.offers()
     q = OfferQuery(gpus=["H100-SXM"], markets=[Market.spot], regions=["us-east-1"], min_gpus_per_node=8)
-    got = await prov.offers(q)
+    market = Marketplace({"catalog": prov})
+    await market.refresh(q)
+    got = market.offers()
     assert got and all(o.gpu == "H100-SXM" and o.market is Market.spot for o in got)
     expected = [o for o in everything if o.gpu == "H100-SXM" and o.market is Market.spot
                 and o.gpu_count >= 8 and o.region in ("us-east-1", "")]
     assert got == expected
-    assert await prov.offers(OfferQuery(max_usd_per_hour=0.01)) == []
+    await market.refresh(OfferQuery(max_usd_per_hour=0.01))
+    assert market.offers() == []
 
 
 # --------------------------------------------------------------------------- against the real data
@@ -187,8 +192,9 @@ def test_vast_prices_match_data(shared_data: Path) -> None:
 
 
 def _compile(shared_data: Path, out: Path) -> str:
+    # PYTHONPATH: the script imports this checkout's code, not an installed copy of another one.
     subprocess.run([sys.executable, str(SCRIPT), "--data", str(shared_data), "--out", str(out)],
-                   check=True, capture_output=True, cwd=ROOT)
+                   check=True, capture_output=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     return out.read_text()
 
 

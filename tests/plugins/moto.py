@@ -3,6 +3,7 @@
 - ``moto_server`` (session): moto's ThreadedMotoServer on 127.0.0.1 (free port), started once, with
   dummy credentials set in the environment for the test session only (restored afterwards).
 - ``aws_moto`` (function): the server's URL, state reset (POST /moto-api/reset) before the test.
+- ``aws_session`` (session): one botocore session for the providers on moto (parses the EC2 model once).
 - ``aws_config`` (function): an AwsConfig pointing at moto (us-east-1 only, placement groups off:
   moto does not emulate them; see docs/aws.md).
 - ``aws_faults`` (function): a :class:`FaultProxy` (aiohttp on 127.0.0.1, its own thread and loop)
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs
 
 import pytest
+from aiobotocore.session import AioSession
 from aiohttp import ClientSession, web
 
 from broker.config import AwsConfig
@@ -102,6 +104,15 @@ def moto_config(endpoint_url: str, **overrides: object) -> AwsConfig:
     }
     data.update(overrides)
     return AwsConfig.model_validate(data)
+
+
+@pytest.fixture(scope="session")
+def aws_session(moto_server: str) -> AioSession:
+    """One botocore session for the moto tests: it parses the EC2 model once, not per provider.
+
+    Credentials are the dummy ones moto_server put in the environment.
+    """
+    return AioSession()
 
 
 @pytest.fixture

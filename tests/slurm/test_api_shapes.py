@@ -12,16 +12,11 @@ import pytest
 from broker.config import SlurmConfig
 from broker.errors import BadRequestError, CapacityError, ProviderAuthError, TransientError
 from broker.models import Colocate, Fabric, IntraNode, Market
-from providers import slurm_api as api
-from providers.slurm import (
-    _OfferBuilder,
-    constraint_matches,
-    estimate_wait_hours,
-    gpu_model,
-    node_traits,
-    parse_comment,
-    raise_for,
-)
+from providers.slurm import api
+from providers.slurm.errors import raise_for
+from providers.slurm.offers import OfferBuilder, gpu_model, node_traits
+from providers.slurm.queue import constraint_matches, estimate_wait_hours
+from providers.slurm.requests import parse_comment
 
 V38 = "slurm/slurm-22.05-v0.0.38"
 V40 = "slurm/slurm-23.11-v0.0.40"
@@ -178,7 +173,7 @@ def test_v40_jobs_and_partitions(shared_data: Path) -> None:
 def test_v40_offers_skip_drained_and_unknown_models(shared_data: Path) -> None:
     nodes = api.parse_nodes(load(shared_data, f"{V40}/V0040OpenapiNodesResp.json"))
     parts = api.parse_partitions(load(shared_data, f"{V40}/V0040OpenapiPartitionResp.json"))
-    offers = _OfferBuilder(SlurmConfig(cluster_name="talapas"), parts, nodes, [], 1722274361.0).build()
+    offers = OfferBuilder(SlurmConfig(cluster_name="talapas"), parts, nodes, [], 1722274361.0).build()
     hosts = {o.locality.host: o for o in offers}
     assert "n0164" not in hosts and "n0999" not in hosts  # drained
     assert "n0161" not in hosts  # MIG slices: no model to price
@@ -277,7 +272,7 @@ def test_queue_estimate_grows_with_pending_jobs() -> None:
 def test_offer_groups_for_multi_node(shared_data: Path) -> None:
     nodes = [_node("a"), _node("b", used=2), _node("c", used=8)]
     parts = [api.PartitionInfo(name="gpu", nodes=("a", "b", "c"), default=True, state="UP")]
-    offers = _OfferBuilder(SlurmConfig(), parts, nodes, [], 0.0).build()
+    offers = OfferBuilder(SlurmConfig(), parts, nodes, [], 0.0).build()
     multi = [o for o in offers if o.max_nodes > 1]
     # a (8 free) and b (6 free): one 2-node offer of 6 GPUs each, in the rack; the island one is dominated.
     assert [(o.max_nodes, o.gpu_count, o.colocation) for o in multi] == [(2, 6, Colocate.rack)]

@@ -130,7 +130,7 @@ async def test_two_node_infiniband_job_runs_in_one_rack(
         lambda: provider.poll(alloc), lambda s: s.state is AllocationState.succeeded, "2-node job succeeded"
     )
     assert len(status.hosts) == 2
-    nodes = {n.name: n for n in await provider.nodes()}
+    nodes = {n.name: n for n in await provider.client.nodes()}
     for host in status.hosts:
         assert "ib_ndr" in nodes[host].features and "rack1" in nodes[host].features
     # The job really ran: its batch step saw 8 GPUs.

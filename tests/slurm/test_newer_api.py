@@ -187,7 +187,7 @@ async def test_newer_api_end_to_end(new_slurm: tuple[NewSlurm, str]) -> None:
     server, url = new_slurm
     cfg = SlurmConfig(enabled=True, url=url, token=SecretStr(fake_jwt(time.time() + 3600)), cluster_name="talapas")
     async with SlurmProvider(cfg, installation="inst-a") as p:
-        assert await p.version() == server.version
+        assert await p.client.version() == server.version
         offers = await p.offers()
         hosts = {o.locality.host: o for o in offers if o.max_nodes == 1}
         assert "n0164" not in hosts and "n0999" not in hosts  # drained in the recorded answer
@@ -226,11 +226,11 @@ async def test_transient_failures_are_retried_then_reported(new_slurm: tuple[New
     cfg = SlurmConfig(enabled=True, url=url, token=token, max_attempts=3)
     async with SlurmProvider(cfg) as p:
         server.fail_nodes = 2  # two 503s, then the answer: within the bound
-        assert len(await p.nodes()) == 12
+        assert len(await p.client.nodes()) == 12
         assert server.nodes_calls == 3
         server.fail_nodes = 5  # more than the bound: reported as transient, after exactly 3 tries
         with pytest.raises(TransientError):
-            await p.nodes()
+            await p.client.nodes()
         assert server.nodes_calls == 6
     # Nothing listens on port 1 of loopback: a connection error is transient too.
     async with SlurmProvider(SlurmConfig(url="http://127.0.0.1:1", token=token, max_attempts=2)) as p:

@@ -13,15 +13,16 @@ from broker.models import Locality, Market, Offer
 from broker.price_summaries import market_summaries, percentile, rate_points, utilisation_points
 from broker.store import Store
 from broker.tracker import Tracker
-from providers import slurm_api as api
-from providers.slurm import SlurmProvider, gpu_model
+from providers.slurm import SlurmProvider, api
+from providers.slurm.offers import gpu_model, node_usage
 
 AT = datetime(2026, 1, 5, tzinfo=UTC)
 
 
 def test_utilisation_from_a_real_slurm_23_11_nodes_answer(shared_data: Path) -> None:
     data = json.loads((shared_data / "slurm/slurm-23.11-v0.0.40/V0040OpenapiNodesResp.json").read_text())
-    points = {p.gpu: p for p in utilisation_points("slurm", "hpc", api.parse_nodes(data), AT, gpu_model)}
+    nodes = [node_usage(n) for n in api.parse_nodes(data)]
+    points = {p.gpu: p for p in utilisation_points("slurm", "hpc", nodes, AT)}
     # n0160: 1 of 1 A100 80GB PCIe allocated. n1000: 8 H100, none allocated (n0999 is drained: not counted).
     # The MIG slices (1g.10gb) are fractions of a GPU, not a model: left out.
     assert set(points) == {"A100-PCIe-80GB", "H100-SXM"}
@@ -78,7 +79,7 @@ async def test_tracker_records_owned_rates_and_utilisation_of_the_local_cluster(
     from broker.config import Settings
 
     async with SlurmProvider(slurm_config) as slurm:
-        nodes = await slurm.nodes()
+        nodes = await slurm.client.nodes()
         report = await Tracker(
             Settings(slurm=slurm_config), lite_store, {"slurm": slurm}, clock=clock
         ).run_once()

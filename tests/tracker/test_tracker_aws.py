@@ -9,7 +9,7 @@ from broker.models import Market
 from broker.store import Store
 from broker.tracker import Tracker
 from providers.aws import AwsProvider
-from providers.catalog import aws_instance_info
+from providers.catalog.client import aws_instance_info
 from tests.plugins.moto import FaultProxy
 
 # moto answers every DescribeSpotPriceHistory with one record per (type, AZ) it offers: price 0.00001,

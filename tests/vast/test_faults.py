@@ -111,19 +111,19 @@ async def test_a_lost_create_answer_does_not_rent_twice_or_leak(vast_api, vast_c
 def test_retry_after_is_honoured_up_to_the_cap(vast_config):
     from tenacity import Future, RetryCallState
 
-    from providers.vast import _retry_after, _Throttled
+    from providers.retry import Throttled, retry_after_seconds
 
     vast = VastProvider(vast_config.model_copy(update={"retry_after_max_s": 7.0}))
 
     def waited(retry_after: float | None) -> float:
         state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
         outcome = Future(attempt_number=1)
-        outcome.set_exception(_Throttled("POST /api/v0/bundles/: HTTP 429", "too_many_requests", retry_after))
+        outcome.set_exception(Throttled("vast", "POST /api/v0/bundles/: HTTP 429", "too_many_requests", retry_after))
         state.outcome = outcome
-        return vast._wait(state)
+        return vast.client.retrying().wait(state)
 
     assert waited(3.0) == 3.0
     assert waited(120.0) == 7.0
     assert waited(None) <= vast_config.backoff_max_s  # no hint: jittered exponential backoff
-    assert _retry_after("2") == 2.0 and _retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
-    assert _retry_after("soon") is None
+    assert retry_after_seconds("2") == 2.0 and retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
+    assert retry_after_seconds("soon") is None

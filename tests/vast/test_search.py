@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from broker.gpus import GPU_SPECS, normalise_gpu
+from broker.market import Marketplace
 from broker.models import Colocate, Fabric, Market
-from providers.base import OfferQuery
-from providers.vast import HOURS_PER_MONTH, VAST_NAMES, VastProvider
+from providers.base import OfferQuery, matches
+from providers.vast import VastProvider
+from providers.vast.offers import HOURS_PER_MONTH, VAST_NAMES
 from tests.vastapi.offers import DEFAULT_ANCHORS, MODELS, catalog_anchors
 
 
@@ -15,7 +17,9 @@ async def test_search_pushes_filters_down_and_returns_only_matching_offers(vast_
                        min_reliability=0.9, disk_gb=200)
     vast_config.verified_only = True
     async with VastProvider(vast_config) as vast:
-        offers = await vast.offers(query)
+        market = Marketplace({"vast": vast})
+        await market.refresh(query)  # the adapter pushes down, the market filters its answer (matches())
+        offers = market.offers()
 
     [sent] = vast_api.state.searches()
     assert sent["gpu_name"] == {"in": ["A100 SXM4", "H100 SXM"]}
@@ -75,16 +79,25 @@ async def test_offers_are_single_machines_normalised_from_vast_fields(vast_api, 
 
 
 async def test_spot_only_searches_bids_and_caps_min_bid(vast_api, vast_config):
+    query = OfferQuery(gpus=["RTX-3090"], markets=[Market.spot], max_usd_per_hour=0.5)
     async with VastProvider(vast_config) as vast:
-        offers = await vast.offers(OfferQuery(gpus=["RTX-3090"], markets=[Market.spot], max_usd_per_hour=0.5))
+        answer = await vast.offers(query)
     [sent] = vast_api.state.searches()
     assert sent["type"] == "bid" and sent["min_bid"] == {"lte": 0.5} and "dph_total" not in sent
-    assert offers and all(o.market is Market.spot and o.usd_per_hour <= 0.5 for o in offers)
+    assert answer and all(o.market is Market.spot for o in answer)
+    offers = [o for o in answer if matches(o, query)]  # what the market keeps
+    assert offers and all(o.usd_per_hour <= 0.5 for o in offers)
 
 
 async def test_a100_memory_variants_share_a_name_and_are_told_apart(vast_api, vast_config):
+    query = OfferQuery(gpus=["A100-PCIe-40GB"], markets=[Market.on_demand])
     async with VastProvider(vast_config) as vast:
-        forty = await vast.offers(OfferQuery(gpus=["A100-PCIe-40GB"], markets=[Market.on_demand]))
+        answer = await vast.offers(query)  # Vast's name "A100 PCIE" covers both sizes: the search gets both
+        market = Marketplace({"vast": vast})
+        await market.refresh(query)
+    for o in answer:  # each told apart by its memory
+        assert (o.gpu, o.gpu_memory_gb < 50) in (("A100-PCIe-40GB", True), ("A100-PCIe-80GB", False))
+    forty = market.offers()  # the market keeps what the query asked for
     assert forty and {o.gpu for o in forty} == {"A100-PCIe-40GB"}
     assert all(o.gpu_memory_gb < 50 for o in forty)
 

@@ -6,7 +6,7 @@ v0.0.38 (plain numbers, node state as one lower-case string plus
 environment as a dict); Slurm 23.11 / 24.05 speak v0.0.40 / v0.0.41 (numbers
 wrapped as ``{"set", "infinite", "number"}``, states as lists of upper-case
 flags, features as lists, ``tres_per_node`` in submit requests, environment as
-a list of ``NAME=value``). The adapter (providers/slurm.py) only sees the flat
+a list of ``NAME=value``). The adapter (providers/slurm/) only sees the flat
 shapes below and calls the request builders here; nothing else in the project
 knows a version exists.
 

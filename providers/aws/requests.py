@@ -14,7 +14,7 @@ from typing import Any
 from broker.config import AwsConfig
 from broker.errors import BadRequestError
 from broker.models import Fabric, Market
-from providers.aws_types import GpuType
+from providers.aws.instance_types import GpuType
 from providers.base import JOB_TAG, OWNER_TAG, TENANT_TAG, LaunchRequest
 
 CLIENT_TOKEN_TAG = "lockstep:client-token"
@@ -27,10 +27,6 @@ RELEASED_TAG = "lockstep:released"  # set just before Lockstep terminates: tells
 
 # States in which an instance still exists (and may cost money).
 LIVE_STATES: tuple[str, ...] = ("pending", "running", "stopping", "stopped")
-
-
-def offer_id(provider: str, market: Market | str, region: str, zone: str, sku: str) -> str:
-    return f"{provider}:{Market(market).value}:{region}:{zone}:{sku}"
 
 
 def placement_group_name(installation: str, job_id: str, attempt: int) -> str:

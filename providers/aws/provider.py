@@ -12,9 +12,11 @@
 - multi-node jobs get a cluster placement group named from the job, deleted on
   release (or by ``sweep_placement_groups`` once its instances are gone).
 
-Credentials come from the standard AWS chain (env, profile, instance role) and
-are never logged. Botocore's own retries are off: errors reach the mapping in
-providers.aws_errors, and TransientError is retried there with tenacity.
+Transport (clients, error mapping, retries) is :mod:`.client`; request bodies
+:mod:`.requests`; types and offers :mod:`.instance_types` and :mod:`.offers`; the
+spot-price history the tracker reads :mod:`.prices`.
+
+Capabilities: launches; has spot-price history.
 """
 
 from __future__ import annotations
@@ -22,30 +24,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
-from contextlib import AsyncExitStack
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from aiobotocore.session import AioSession
-from botocore.config import Config as BotoConfig
 
 from broker.config import AwsConfig
 from broker.errors import BadRequestError, ProviderError
-from broker.models import (
-    Allocation,
-    AllocationState,
-    AllocationStatus,
-    Colocate,
-    Fabric,
-    Locality,
-    Market,
-    Network,
-    Offer,
-)
-from providers.aws_errors import call
-from providers.aws_requests import (
+from broker.models import Allocation, AllocationState, AllocationStatus, Market, Offer, PricePoint
+from providers.aws.client import Ec2Client, chunks
+from providers.aws.instance_types import GPU_TYPE_PATTERNS, GpuType, latest_spot_prices, parse_instance_type
+from providers.aws.offers import offer_id, query_accepts, zone_offers
+from providers.aws.prices import spot_price_history
+from providers.aws.requests import (
     ATTEMPT_TAG,
     CLIENT_TOKEN_TAG,
     LIVE_STATES,
@@ -56,19 +49,16 @@ from providers.aws_requests import (
     RESERVATION_TAG,
     create_placement_group_request,
     launch_tags,
-    offer_id,
     placement_group_name,
     run_instances_request,
 )
-from providers.aws_types import GPU_TYPE_PATTERNS, GpuType, latest_spot_prices, parse_instance_type
-from providers.base import JOB_TAG, OWNER_TAG, LaunchRequest, OfferQuery, Provider
-from providers.catalog import aws_on_demand_price
+from providers.base import JOB_TAG, OWNER_TAG, LaunchRequest, OfferQuery
+from providers.capabilities import HasSpotPriceHistory, Launches
+from providers.catalog.client import aws_on_demand_price
 
 log = logging.getLogger(__name__)
 
-_CHUNK = 100  # filter values per request
 _GONE_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
-
 
 
 @dataclass
@@ -83,26 +73,11 @@ class RegionHealth:
     code: str = ""
 
 
-def _chunks(items: list[str], size: int = _CHUNK) -> Iterable[list[str]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
-
-
 def _tags(instance: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in instance.get("Tags") or []}
 
 
-def query_accepts(t: GpuType, query: OfferQuery | None) -> bool:
-    if query is None:
-        return True
-    if query.gpus and t.gpu not in query.gpus:
-        return False
-    if query.min_gpus_per_node and t.gpu_count < query.min_gpus_per_node:
-        return False
-    return not (query.min_gpu_memory_gb and t.gpu_memory_gb + 0.5 < query.min_gpu_memory_gb)
-
-
-class AwsProvider(Provider):
+class AwsProvider(Launches, HasSpotPriceHistory):
     """EC2 spot and on-demand capacity (see module docstring)."""
 
     name = "aws"
@@ -112,11 +87,7 @@ class AwsProvider(Provider):
     ) -> None:
         self.config = config
         self.installation = installation
-        # AioSession(profile=None) resolves env → shared files → container/instance role.
-        self._session = session or AioSession(profile=config.profile)
-        self._stack = AsyncExitStack()
-        self._clients: dict[str, Any] = {}
-        self._client_lock = asyncio.Lock()
+        self.ec2 = Ec2Client(config, provider=self.name, session=session)
         self._types: dict[str, dict[str, GpuType]] = {}
         self._released: set[str] = set()
         self._pending_groups: dict[str, str] = {}  # placement group → region, deletion deferred
@@ -125,59 +96,8 @@ class AwsProvider(Provider):
     def __repr__(self) -> str:
         return f"AwsProvider(regions={self.config.regions!r}, installation={self.installation!r})"
 
-    # ------------------------------------------------------------------ plumbing
-
-    async def client(self, region: str) -> Any:
-        """The (cached) EC2 client of a region."""
-        async with self._client_lock:
-            ec2 = self._clients.get(region)
-            if ec2 is None:
-                cfg = BotoConfig(
-                    retries={"total_max_attempts": 1, "mode": "standard"},  # tenacity retries, after mapping
-                    connect_timeout=5,
-                    read_timeout=max(5.0, self.config.region_timeout_s),
-                    user_agent_extra="lockstep",
-                )
-                ec2 = await self._stack.enter_async_context(
-                    self._session.create_client(
-                        "ec2", region_name=region, endpoint_url=self.config.endpoint_url, config=cfg
-                    )
-                )
-                self._clients[region] = ec2
-            return ec2
-
-    async def request(self, region: str, method: str, **params: Any) -> dict[str, Any]:
-        """One EC2 call in ``region`` (``method`` as in botocore: 'run_instances'), errors mapped, retried."""
-        ec2 = await self.client(region)
-        operation = ec2.meta.method_to_api_mapping.get(method, method)
-        result: dict[str, Any] = await call(
-            getattr(ec2, method),
-            provider=self.name,
-            operation=f"{operation} in {region}",
-            attempts=self.config.max_attempts,
-            **params,
-        )
-        return result
-
-    async def paginate(self, region: str, method: str, key: str, **params: Any) -> list[dict[str, Any]]:
-        """All items of a NextToken-paginated call (each page retried on its own)."""
-        items: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            page = await self.request(region, method, **params, **({"NextToken": token} if token else {}))
-            items.extend(page.get(key) or [])
-            token = page.get("NextToken")
-            if not token:
-                return items
-
-    async def _instances(self, region: str, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        reservations = await self.paginate(region, "describe_instances", "Reservations", Filters=filters)
-        return [i for r in reservations for i in r.get("Instances") or []]
-
     async def aclose(self) -> None:
-        self._clients.clear()
-        await self._stack.aclose()
-        self._stack = AsyncExitStack()
+        await self.ec2.aclose()
 
     # ------------------------------------------------------------------ offers
 
@@ -186,7 +106,7 @@ class AwsProvider(Provider):
         cached = self._types.get(region)
         if cached is not None:
             return cached
-        records = await self.paginate(
+        records = await self.ec2.paginate(
             region,
             "describe_instance_types",
             "InstanceTypes",
@@ -199,8 +119,8 @@ class AwsProvider(Provider):
 
     async def offered_zones(self, region: str, skus: list[str]) -> dict[str, list[str]]:
         zones: dict[str, set[str]] = {}
-        for chunk in _chunks(sorted(skus)):
-            rows = await self.paginate(
+        for chunk in chunks(sorted(skus)):
+            rows = await self.ec2.paginate(
                 region,
                 "describe_instance_type_offerings",
                 "InstanceTypeOfferings",
@@ -215,9 +135,9 @@ class AwsProvider(Provider):
         """Current spot price per (type, AZ): the price in effect at StartTime=now is the latest."""
         rows: list[dict[str, Any]] = []
         now = datetime.now(UTC)
-        for chunk in _chunks(sorted(skus)):
+        for chunk in chunks(sorted(skus)):
             rows.extend(
-                await self.paginate(
+                await self.ec2.paginate(
                     region,
                     "describe_spot_price_history",
                     "SpotPriceHistory",
@@ -229,52 +149,6 @@ class AwsProvider(Provider):
             )
         return latest_spot_prices(rows)
 
-    def make_offer(
-        self,
-        t: GpuType,
-        region: str,
-        zone: str,
-        market: Market,
-        usd_per_hour: float,
-        *,
-        provider: str | None = None,
-        max_nodes: int | None = None,
-        cluster: str = "",
-        attrs: dict[str, str] | None = None,
-    ) -> Offer:
-        clustered = t.cluster_placement and self.config.placement_groups
-        provider = provider or self.name
-        return Offer(
-            id=offer_id(provider, market, region, zone, t.sku),
-            provider=provider,
-            market=market,
-            sku=t.sku,
-            gpu=t.gpu,
-            gpu_count=t.gpu_count,
-            gpu_memory_gb=t.gpu_memory_gb,
-            vcpus=t.vcpus,
-            ram_gb=t.ram_gb,
-            disk_gb=t.disk_gb,
-            usd_per_hour=max(0.0, usd_per_hour),
-            interruptible=market is Market.spot,
-            max_nodes=max_nodes or self.config.max_cluster_nodes,
-            # Without a placement group EC2 only promises "same AZ".
-            colocation=Colocate.cluster if clustered or cluster else Colocate.zone,
-            locality=Locality(provider=provider, region=region, zone=zone, cluster=cluster),
-            network=Network(
-                intra=t.intra,
-                fabric=Fabric.efa if t.efa else Fabric.ethernet,
-                fabric_gbps=t.network_gbps,
-            ),
-            egress_usd_per_gb=self.config.egress_usd_per_gb,
-            attrs={
-                "instance_type": t.sku,
-                "efa_interfaces": str(t.efa_interfaces),
-                "network_cards": str(t.network_cards),
-                **(attrs or {}),
-            },
-        )
-
     async def _region_offers(self, region: str, query: OfferQuery | None) -> list[Offer]:
         markets = set(query.markets) if query and query.markets else {Market.spot, Market.on_demand}
         types = {k: t for k, t in (await self.gpu_types(region)).items() if query_accepts(t, query)}
@@ -283,18 +157,8 @@ class AwsProvider(Provider):
         zones = await self.offered_zones(region, list(types))
         spot = await self.spot_prices(region, list(zones)) if Market.spot in markets and zones else {}
         want_on_demand = Market.on_demand in markets
-        cap = query.max_usd_per_hour if query else None
-        out: list[Offer] = []
-        for sku in sorted(zones):
-            t = types[sku]
-            on_demand = aws_on_demand_price(sku, region) if want_on_demand else None
-            for zone in zones[sku]:
-                if on_demand is not None and (cap is None or on_demand <= cap):
-                    out.append(self.make_offer(t, region, zone, Market.on_demand, on_demand))
-                price = spot.get((sku, zone))
-                if price is not None and (cap is None or price <= cap):
-                    out.append(self.make_offer(t, region, zone, Market.spot, price))
-        return out
+        on_demand = {sku: aws_on_demand_price(sku, region) if want_on_demand else None for sku in zones}
+        return zone_offers(self.config, types, zones, spot, on_demand, region, provider=self.name)
 
     async def _scan(self, region: str, query: OfferQuery | None) -> list[Offer] | ProviderError:
         started = time.monotonic()
@@ -326,7 +190,7 @@ class AwsProvider(Provider):
 
     async def find_by_token(self, region: str, token: str) -> list[dict[str, Any]]:
         """Live instances a previous call with this client token bought."""
-        return await self._instances(
+        return await self.ec2.instances(
             region,
             [
                 {"Name": f"tag:{CLIENT_TOKEN_TAG}", "Values": [token]},
@@ -336,7 +200,7 @@ class AwsProvider(Provider):
 
     async def ensure_placement_group(self, region: str, name: str, tags: dict[str, str]) -> None:
         try:
-            await self.request(region, "create_placement_group", **create_placement_group_request(name, tags))
+            await self.ec2.request(region, "create_placement_group", **create_placement_group_request(name, tags))
         except BadRequestError as exc:
             if exc.code != "InvalidPlacementGroup.Duplicate":  # a retried launch made it already
                 raise
@@ -344,7 +208,7 @@ class AwsProvider(Provider):
     async def delete_placement_group(self, region: str, name: str) -> bool:
         """Delete a placement group; False (and kept for a later sweep) while instances still occupy it."""
         try:
-            await self.request(region, "delete_placement_group", GroupName=name)
+            await self.ec2.request(region, "delete_placement_group", GroupName=name)
         except ProviderError as exc:
             if exc.code == "InvalidPlacementGroup.Unknown":
                 self._pending_groups.pop(name, None)
@@ -417,7 +281,7 @@ class AwsProvider(Provider):
             shared_group=shared_group,
         )
         try:
-            resp = await self.request(region, "run_instances", **params)
+            resp = await self.ec2.request(region, "run_instances", **params)
         except ProviderError:
             if group:  # nothing runs in it: do not leave it behind (the launch error is what matters)
                 try:
@@ -474,8 +338,8 @@ class AwsProvider(Provider):
         if not ids:
             return AllocationStatus(state=AllocationState.unknown, reason="allocation has no instances")
         found: dict[str, dict[str, Any]] = {}
-        for chunk in _chunks(ids):
-            for inst in await self._instances(alloc.region, [{"Name": "instance-id", "Values": chunk}]):
+        for chunk in chunks(ids):
+            for inst in await self.ec2.instances(alloc.region, [{"Name": "instance-id", "Values": chunk}]):
                 found[inst["InstanceId"]] = inst
         gone = [i for i in ids if i not in found or found[i]["State"]["Name"] in _GONE_STATES]
         if gone:
@@ -509,19 +373,19 @@ class AwsProvider(Provider):
         region = alloc.region
         ids = list(alloc.resource_ids)
         self._released.update(ids)
-        for chunk in _chunks(ids):
+        for chunk in chunks(ids):
             alive = [
                 i["InstanceId"]
-                for i in await self._instances(region, [{"Name": "instance-id", "Values": chunk}])
+                for i in await self.ec2.instances(region, [{"Name": "instance-id", "Values": chunk}])
                 if i["State"]["Name"] not in ("shutting-down", "terminated")
             ]
             if not alive:
                 continue
             # Mark first, so that poll() (even from another replica) tells this from a preemption.
-            await self.request(
+            await self.ec2.request(
                 region, "create_tags", Resources=alive, Tags=[{"Key": RELEASED_TAG, "Value": "true"}]
             )
-            await self.request(region, "terminate_instances", InstanceIds=alive)
+            await self.ec2.request(region, "terminate_instances", InstanceIds=alive)
         group = alloc.attrs.get("placement_group")
         if group:
             await self.delete_placement_group(region, group)
@@ -529,6 +393,17 @@ class AwsProvider(Provider):
 
     async def owned(self) -> list[Allocation]:
         return await self.owned_as(self.name)
+
+    # ------------------------------------------------------------------ spot-price history
+
+    @property
+    def price_regions(self) -> list[str]:
+        return list(self.config.regions)
+
+    async def spot_price_history(
+        self, since: Mapping[str, datetime | None], *, now: datetime
+    ) -> dict[str, list[PricePoint] | BaseException]:
+        return await spot_price_history(self, since, now=now)
 
     async def owned_as(self, provider: str) -> list[Allocation]:
         """Live instances of this installation launched by ``provider``, one Allocation per job attempt."""
@@ -545,7 +420,7 @@ class AwsProvider(Provider):
         return out
 
     async def _owned_region(self, region: str, provider: str) -> list[Allocation]:
-        instances = await self._instances(
+        instances = await self.ec2.instances(
             region,
             [
                 {"Name": f"tag:{OWNER_TAG}", "Values": [self.installation]},

@@ -10,7 +10,7 @@
   become offers at their configured rate and launch as plain on-demand instances
   in their zone.
 
-Launch, poll, release and owned share :class:`providers.aws.AwsProvider`'s code;
+Launch, poll, release and owned share :class:`providers.aws.provider.AwsProvider`'s code;
 instances are tagged ``lockstep:provider=reserved`` so each adapter reconciles
 only its own.
 """
@@ -24,9 +24,11 @@ from typing import Any
 from broker.config import AwsConfig, ReservedPool
 from broker.errors import ProviderError
 from broker.models import Allocation, AllocationStatus, Market, Offer
-from providers.aws import AwsProvider, query_accepts
-from providers.aws_types import GpuType
-from providers.base import LaunchRequest, OfferQuery, Provider
+from providers.aws.instance_types import GpuType
+from providers.aws.offers import make_offer, query_accepts
+from providers.aws.provider import AwsProvider
+from providers.base import LaunchRequest, OfferQuery
+from providers.capabilities import Launches
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ def _group_name(arn: str | None) -> str:
     return arn.rsplit("/", 1)[-1] if arn else ""
 
 
-class ReservedProvider(Provider):
+class ReservedProvider(Launches):
     """EC2 capacity reservations and operator-configured pools, at marginal cost."""
 
     name = "reserved"
@@ -57,7 +59,7 @@ class ReservedProvider(Provider):
     # ------------------------------------------------------------------ offers
 
     async def capacity_reservations(self, region: str) -> list[dict[str, Any]]:
-        return await self.aws.paginate(
+        return await self.aws.ec2.paginate(
             region,
             "describe_capacity_reservations",
             "CapacityReservations",
@@ -69,7 +71,8 @@ class ReservedProvider(Provider):
     ) -> Offer:
         cr_id = str(cr["CapacityReservationId"])
         pool = pools.get(cr_id)
-        offer = self.aws.make_offer(
+        offer = make_offer(
+            self.config,
             t,
             region,
             str(cr["AvailabilityZone"]),
@@ -112,7 +115,8 @@ class ReservedProvider(Provider):
                 continue
             if t is None or not query_accepts(t, query):
                 continue
-            offer = self.aws.make_offer(
+            offer = make_offer(
+                self.config,
                 t,
                 pool.region,
                 pool.zone,
@@ -146,8 +150,6 @@ class ReservedProvider(Provider):
                     continue
                 offers.extend(res)
         offers.extend(await self._pool_offers(query))
-        if query and query.max_usd_per_hour is not None:
-            offers = [o for o in offers if o.usd_per_hour <= query.max_usd_per_hour]
         return offers
 
     # ------------------------------------------------------------------ lifecycle (shared with AwsProvider)

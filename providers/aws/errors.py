@@ -1,4 +1,4 @@
-"""EC2 errors → the broker.errors hierarchy, and the one retrying call helper.
+"""EC2 errors → the broker.errors hierarchy.
 
 Messages are built from the operation name, the HTTP status and EC2's error
 code only: never from headers or the request (which carry the signature).
@@ -7,9 +7,6 @@ code only: never from headers or the request (which carry the signature).
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
 
 import aiohttp
 from botocore.exceptions import (
@@ -24,13 +21,6 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 from botocore.parsers import ResponseParserError
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential,
-    wait_random,
-)
 
 from broker.errors import (
     BadRequestError,
@@ -40,8 +30,6 @@ from broker.errors import (
     QuotaError,
     TransientError,
 )
-
-log = logging.getLogger(__name__)
 
 CAPACITY_CODES: frozenset[str] = frozenset(
     {
@@ -85,9 +73,6 @@ TRANSIENT_CODES: frozenset[str] = frozenset(
     }
 )
 
-T = TypeVar("T")
-
-
 def error_code(exc: BaseException) -> str:
     if isinstance(exc, ClientError):
         return str(exc.response.get("Error", {}).get("Code", ""))
@@ -130,31 +115,3 @@ def map_error(exc: BaseException, provider: str, operation: str) -> ProviderErro
     if isinstance(exc, BotoCoreError):
         return BadRequestError(provider, f"{operation}: {type(exc).__name__}", type(exc).__name__)
     return TransientError(provider, f"{operation}: {type(exc).__name__}", type(exc).__name__)
-
-
-async def call(
-    fn: Callable[..., Awaitable[T]],
-    *,
-    provider: str,
-    operation: str,
-    attempts: int,
-    **params: Any,
-) -> T:
-    """Call one EC2 operation, mapping errors; retry TransientError only (bounded, exponential, jittered)."""
-    retrying = AsyncRetrying(
-        stop=stop_after_attempt(max(1, attempts)),
-        wait=wait_exponential(multiplier=0.2, max=5.0) + wait_random(0, 0.3),
-        retry=retry_if_exception_type(TransientError),
-        reraise=True,
-    )
-    async for attempt in retrying:
-        with attempt:
-            try:
-                return await fn(**params)
-            except Exception as exc:
-                mapped = map_error(exc, provider, operation)
-                if mapped is not exc:
-                    log.debug("%s: %s (%s)", provider, mapped, type(exc).__name__)
-                    raise mapped from exc
-                raise
-    raise AssertionError("unreachable")  # pragma: no cover

@@ -12,26 +12,35 @@ instance-type record, else from the catalog (``aws_instance_info``). Linux/UNIX
 prices only (other OSes carry a licence surcharge, not market movement).
 
 Credentials come from the standard AWS chain (env, profile, instance role);
-calls go through the AWS adapter, which maps errors and retries TransientError.
+calls go through the AWS adapter's client, which maps errors and retries TransientError.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from broker.config import AwsConfig
 from broker.models import Market, PricePoint, as_utc
-from providers.catalog import aws_instance_info, load_catalog
+from providers.aws.client import Ec2Client
+from providers.aws.instance_types import GpuType
+from providers.catalog.client import aws_instance_info, load_catalog
 
-if TYPE_CHECKING:
-    from providers.aws import AwsProvider
+
+class Ec2Source(Protocol):
+    """What the history reads through: the AWS adapter (its client, retries and instance-type cache)."""
+
+    name: str
+    config: AwsConfig
+    ec2: Ec2Client
+
+    async def gpu_types(self, region: str) -> dict[str, GpuType]: ...
 
 log = logging.getLogger(__name__)
 
-PROVIDER = "aws"
 LINUX = "Linux/UNIX"  # also matches "Linux/UNIX (Amazon VPC)", the EC2-Classic-era spelling moto answers
 DEFAULT_BACKFILL = timedelta(days=1)  # first poll of a region: how far back to start
 _CHUNK = 100  # instance types per request
@@ -48,7 +57,9 @@ def catalog_gpu_types() -> dict[str, str]:
     return out
 
 
-def to_price_points(rows: list[Mapping[str, Any]], region: str, gpus: Mapping[str, str]) -> list[PricePoint]:
+def to_price_points(
+    rows: Sequence[Mapping[str, Any]], region: str, gpus: Mapping[str, str], provider: str = "aws"
+) -> list[PricePoint]:
     """DescribeSpotPriceHistory rows → spot PricePoints (Linux/UNIX, known GPU types, parseable prices)."""
     out: list[PricePoint] = []
     for row in rows:
@@ -62,7 +73,7 @@ def to_price_points(rows: list[Mapping[str, Any]], region: str, gpus: Mapping[st
             continue
         out.append(
             PricePoint(
-                provider=PROVIDER,
+                provider=provider,
                 market=Market.spot,
                 sku=sku,
                 gpu=gpus[sku],
@@ -75,7 +86,7 @@ def to_price_points(rows: list[Mapping[str, Any]], region: str, gpus: Mapping[st
     return out
 
 
-async def region_spot_history(aws: AwsProvider, region: str, since: datetime | None, now: datetime) -> list[PricePoint]:
+async def region_spot_history(aws: Ec2Source, region: str, since: datetime | None, now: datetime) -> list[PricePoint]:
     """Spot price points of one region from ``since`` (or ``now - DEFAULT_BACKFILL``) to now."""
     gpus = {**catalog_gpu_types(), **{sku: t.gpu for sku, t in (await aws.gpu_types(region)).items()}}
     start = as_utc(since) if since is not None else now - DEFAULT_BACKFILL
@@ -83,7 +94,7 @@ async def region_spot_history(aws: AwsProvider, region: str, since: datetime | N
     skus = sorted(gpus)
     for i in range(0, len(skus), _CHUNK):
         rows.extend(
-            await aws.paginate(
+            await aws.ec2.paginate(
                 region,
                 "describe_spot_price_history",
                 "SpotPriceHistory",
@@ -94,11 +105,11 @@ async def region_spot_history(aws: AwsProvider, region: str, since: datetime | N
                 MaxResults=_PAGE,
             )
         )
-    return to_price_points(rows, region, gpus)
+    return to_price_points(rows, region, gpus, aws.name)
 
 
 async def spot_price_history(
-    aws: AwsProvider,
+    aws: Ec2Source,
     since: Mapping[str, datetime | None],
     *,
     now: datetime | None = None,

@@ -1,0 +1,170 @@
+"""What a market can do beyond listing offers: one mix-in per ability, declared by inheriting it.
+
+In the manner of dstack's ``Compute`` base and its ``ComputeWith*`` mix-ins: a provider
+is a :class:`~providers.base.Provider` (``offers``, ``aclose``) plus the capabilities it
+lists in its bases, e.g. ``class SlurmProvider(RunsBurnIn, DrainsNodes)``. The core asks
+``isinstance(provider, DrainsNodes)``; it never compares a provider's name and never
+probes for a method. Each mix-in's methods are abstract, so a class that declares a
+capability cannot be built without implementing it.
+
+=====================  ===============================================  ====================
+capability             methods                                          who has it
+=====================  ===============================================  ====================
+:class:`Launches`      launch · poll · release · owned · installation   slurm, aws, reserved, vast
+:class:`DrainsNodes`   drain · resume                                   slurm
+:class:`ListsNodes`    pool · list_nodes → :class:`NodeUsage`           slurm
+:class:`HasSpotPriceHistory`  price_regions · spot_price_history          aws
+:class:`RunsBurnIn`    run_on_node (+ Launches, ListsNodes)             slurm
+:class:`Snapshot`      as_of (offers carry ``source=snapshot``)         catalog
+=====================  ===============================================  ====================
+
+A new ability (job logs, teardown, a Kubernetes pool's namespaces…) is one more mix-in
+here, implemented by the adapters that can, and checked by type where the core uses it;
+docs/adding-a-provider.md shows how.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from broker.models import Allocation, AllocationStatus, PricePoint
+from providers.base import LaunchRequest, Provider
+
+__all__ = [
+    "DrainsNodes",
+    "HasSpotPriceHistory",
+    "Launches",
+    "ListsNodes",
+    "NodeUsage",
+    "RunsBurnIn",
+    "Snapshot",
+]
+
+
+class Launches(Provider):
+    """Buys capacity for a job and gives it back: a full market, not only a price list.
+
+    - ``launch`` is idempotent on ``LaunchRequest.client_token`` (derived from the job id
+      and attempt): calling it twice, or again after a crash, never buys twice.
+    - ``poll`` says what became of an allocation; ``release`` gives it back (idempotent:
+      already gone counts as released).
+    - ``owned`` lists everything this installation holds here (by tag, label or job
+      comment), so the broker can reconcile after a crash. A market it cannot list must
+      raise, not answer ``[]``: an empty answer would read as "every job lost".
+    """
+
+    installation: str  # the owner tag value this provider marks its resources with
+
+    @abc.abstractmethod
+    async def launch(self, req: LaunchRequest) -> Allocation:
+        """Buy ``req.nodes`` nodes of ``req.offer`` for one attempt of a job: all or none."""
+
+    @abc.abstractmethod
+    async def poll(self, alloc: Allocation) -> AllocationStatus:
+        """The allocation's state now (pending, running, succeeded, failed, preempted, released…)."""
+
+    @abc.abstractmethod
+    async def release(self, alloc: Allocation) -> None:
+        """Give the allocation back; what is already gone counts as released."""
+
+    @abc.abstractmethod
+    async def owned(self) -> list[Allocation]:
+        """Everything this installation holds here, one Allocation per job attempt."""
+
+
+class DrainsNodes(Provider):
+    """Can take one of its nodes out of service and put it back (an unhealthy node leaves the pool)."""
+
+    @abc.abstractmethod
+    async def drain(self, node: str, reason: str) -> None:
+        """Running work finishes, nothing new starts there; ``reason`` is shown to operators."""
+
+    @abc.abstractmethod
+    async def resume(self, node: str) -> None:
+        """The inverse of :meth:`drain`."""
+
+
+@dataclass(frozen=True)
+class NodeUsage:
+    """One node of a pool, normalised: what the tracker turns into utilisation and burn-in checks against."""
+
+    name: str
+    gpu: str | None  # canonical GPU model (broker.gpus); None when the pool's GPU is not one (MIG slice, unknown)
+    gpus_total: int
+    gpus_used: int
+    healthy: bool  # may new work start there (not down, drained, failing…)
+    state: str = ""  # the pool's own words for its state, for messages ("DRAIN+IDLE")
+
+
+class ListsNodes(Provider):
+    """A pool of nodes it can list with their GPU use (an on-prem cluster)."""
+
+    @property
+    @abc.abstractmethod
+    def pool(self) -> str:
+        """The pool's name, as its offers' ``locality.region`` carries it (Slurm: the cluster name)."""
+
+    @abc.abstractmethod
+    async def list_nodes(self) -> list[NodeUsage]:
+        """Every node of the pool, healthy or not."""
+
+
+class HasSpotPriceHistory(Provider):
+    """Keeps a spot-price history the tracker can read incrementally (EC2's DescribeSpotPriceHistory)."""
+
+    @property
+    @abc.abstractmethod
+    def price_regions(self) -> list[str]:
+        """The regions whose history it reads."""
+
+    @abc.abstractmethod
+    async def spot_price_history(
+        self, since: Mapping[str, datetime | None], *, now: datetime
+    ) -> dict[str, list[PricePoint] | BaseException]:
+        """Spot price points per region from ``since[region]`` (None: a default backfill) to ``now``.
+
+        A region that fails gives its exception in place of a list, so the others still count.
+        """
+
+
+class RunsBurnIn(Launches, ListsNodes):
+    """Runs Lockstep's own measuring jobs pinned to one node, and lets a job measure its node first.
+
+    Both leave the probe's JSON in a directory the broker reads (``health.burnin_results_dir``):
+    a filesystem the pool's nodes share with the broker. The router prepends the probe to the
+    command of a ``burn_in`` job placed here; :mod:`broker.burnin` collects and judges the result.
+    """
+
+    @abc.abstractmethod
+    async def run_on_node(
+        self,
+        node: str,
+        script: str,
+        *,
+        gpus: int,
+        time_limit_min: int,
+        log_path: str,
+        labels: Mapping[str, str],
+    ) -> Allocation:
+        """Start ``script`` on ``node`` with ``gpus`` of its GPUs; an Allocation to poll and release.
+
+        ``labels`` mark the job (not with the owner tag: reconciliation would take a job that
+        belongs to no Lockstep job for a leak). A retried start may at worst run it twice.
+        """
+
+
+class Snapshot(Provider):
+    """Answers from a fixed, dated snapshot of other markets' prices: read-only, needs no network.
+
+    Its offers carry ``source=snapshot`` and the snapshot's date in ``observed_at``; the market
+    drops them for a market that answers live, the router never launches them, and the tracker
+    has no history to take from them.
+    """
+
+    @property
+    @abc.abstractmethod
+    def as_of(self) -> datetime:
+        """When the snapshot was taken."""

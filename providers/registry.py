@@ -1,0 +1,83 @@
+"""Which providers this installation talks to, built from the one Settings model.
+
+The only place that knows every market by name: the core gets a ``{name: Provider}``
+mapping and asks each provider what it can do (:mod:`providers.capabilities`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from broker.config import Settings
+from providers.base import Provider
+
+
+@dataclass(frozen=True)
+class _Market:
+    enabled: Callable[[Settings], bool]
+    # (settings, installation, providers built so far) → the provider. Imports are inside, so a
+    # missing optional dependency of one adapter cannot break the others (and the CLI starts fast).
+    build: Callable[[Settings, str, dict[str, Provider]], Provider]
+
+
+def _catalog(s: Settings, inst: str, built: dict[str, Provider]) -> Provider:
+    from providers.catalog import CatalogProvider
+
+    return CatalogProvider(path=s.catalog.path)
+
+
+def _slurm(s: Settings, inst: str, built: dict[str, Provider]) -> Provider:
+    from providers.slurm import SlurmProvider
+
+    return SlurmProvider(s.slurm, installation=inst)
+
+
+def _aws(s: Settings, inst: str, built: dict[str, Provider]) -> Provider:
+    from providers.aws import AwsProvider
+
+    return AwsProvider(s.aws, installation=inst)
+
+
+def _reserved(s: Settings, inst: str, built: dict[str, Provider]) -> Provider:
+    from providers.aws import AwsProvider, ReservedProvider
+
+    # One AWS adapter for both markets: shared clients and instance-type cache, one placement-group list.
+    aws = built.get("aws")
+    return ReservedProvider(s.aws, installation=inst, aws=aws if isinstance(aws, AwsProvider) else None)
+
+
+def _vast(s: Settings, inst: str, built: dict[str, Provider]) -> Provider:
+    from providers.vast import VastProvider
+
+    return VastProvider(s.vast, installation=inst)
+
+
+# In build order: "reserved" shares the "aws" adapter built before it.
+MARKETS: dict[str, _Market] = {
+    "catalog": _Market(lambda s: s.catalog.enabled, _catalog),
+    "slurm": _Market(lambda s: s.slurm.enabled, _slurm),
+    "aws": _Market(lambda s: s.aws.enabled, _aws),
+    "reserved": _Market(
+        lambda s: s.aws.enabled and (s.aws.capacity_reservations or bool(s.aws.reserved_pools)), _reserved
+    ),
+    "vast": _Market(lambda s: s.vast.enabled, _vast),
+}
+
+
+def configured(settings: Settings, name: str) -> bool:
+    """Is market ``name`` switched on in ``settings``? False for a name that is no market."""
+    market = MARKETS.get(name)
+    return market is not None and market.enabled(settings)
+
+
+def build_providers(settings: Settings, only: list[str] | None = None) -> dict[str, Provider]:
+    """Provider objects for every enabled market (``only`` narrows it, e.g. ``--provider slurm``,
+    and builds the markets it names whether switched on or not)."""
+    wanted = set(only) if only else None
+    inst = settings.broker.installation
+    out: dict[str, Provider] = {}
+    for name, market in MARKETS.items():
+        if (wanted is None and market.enabled(settings)) or (wanted is not None and name in wanted):
+            out[name] = market.build(settings, inst, out)
+    return out

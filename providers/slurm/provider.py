@@ -1,0 +1,250 @@
+"""The on-prem pool: a Slurm cluster behind slurmrestd (JWT auth).
+
+Offers come from node GRES, features and partitions (:mod:`.offers`), with a queue
+wait per offer (:mod:`.queue`). Launch submits a batch job whose comment carries the
+owner, the Lockstep job id and the launch's client token (:mod:`.requests`), so a job
+can be found again after a crash (``owned``) and a launch is never submitted twice.
+Transport, auth and version differences are the client's (:mod:`.client`, :mod:`.auth`,
+:mod:`.api`); this module only sees flat shapes.
+
+Capabilities: launches; drains and resumes nodes; lists its nodes; runs burn-in jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+
+import providers.slurm.api as api
+from broker.config import SlurmConfig
+from broker.errors import BadRequestError, CapacityError, TransientError
+from broker.models import Allocation, AllocationState, AllocationStatus, Market, Offer
+from providers.base import JOB_TAG, OWNER_TAG, TENANT_TAG, LaunchRequest, OfferQuery
+from providers.capabilities import DrainsNodes, NodeUsage, RunsBurnIn
+from providers.slurm.client import SlurmClient
+from providers.slurm.offers import OfferBuilder, node_usage
+from providers.slurm.queue import RUNNING_STATES, estimate_wait_hours
+from providers.slurm.requests import (
+    ATTEMPT_TAG,
+    CANCEL_TAG,
+    TOKEN_TAG,
+    launch_request,
+    parse_comment,
+    render_labels,
+)
+
+PROVIDER = "slurm"
+
+_PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "SUSPENDED", "RESV_DEL_HOLD"})
+_FAILED_STATES = frozenset(
+    {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
+)
+
+
+class SlurmProvider(RunsBurnIn, DrainsNodes):
+    """Slurm via slurmrestd. Thin: translate, call, normalise, map errors."""
+
+    name = PROVIDER
+
+    def __init__(self, config: SlurmConfig, *, installation: str = "lockstep") -> None:
+        self.config = config
+        self.installation = installation
+        self.client = SlurmClient(config)
+        self._cancelled: set[str] = set()  # job ids this process cancelled (also marked in the comment)
+
+    def __repr__(self) -> str:
+        return (f"SlurmProvider(url={self.config.url!r}, user={self.config.user!r}, "
+                f"version={self.client.negotiated!r})")
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def queue_wait_hours(
+        self, gpus_per_node: int, nodes: int = 1, features: str | None = None, *, gpu_type: str | None = None
+    ) -> float:
+        """Expected wait before a job of this shape starts (see :func:`estimate_wait_hours`)."""
+        node_list, job_list = await asyncio.gather(self.client.nodes(), self.client.jobs())
+        return estimate_wait_hours(node_list, job_list, time.time(), gpus_per_node, nodes, features, gpu_type)
+
+    # ------------------------------------------------------------------ offers
+
+    async def offers(self, query: OfferQuery | None = None) -> list[Offer]:
+        if query and query.markets and Market.owned not in query.markets:
+            return []
+        c = self.client
+        node_list, part_list, job_list = await asyncio.gather(c.nodes(), c.partitions(), c.jobs())
+        return OfferBuilder(self.config, part_list, node_list, job_list, time.time()).build()
+
+    # ------------------------------------------------------------------ launch / poll / release / owned
+
+    async def _find_by_token(self, token: str) -> api.JobInfo | None:
+        for job in await self.client.jobs():
+            tags = parse_comment(job.comment)
+            if tags.get(OWNER_TAG) == self.installation and tags.get(TOKEN_TAG) == token:
+                return job
+        return None
+
+    async def launch(self, req: LaunchRequest) -> Allocation:
+        submit = launch_request(
+            req,
+            installation=self.installation,
+            gpus_per_node_default=self.config.gpus_per_node_default,
+            default_time_limit_min=self.config.default_time_limit_min,
+            partition=self.config.partition,
+        )
+        rate = self._rate(req)
+        await self.client.version()
+        async for attempt in self.client.retrying():
+            with attempt:
+                # Idempotency: a job with this token already exists (an earlier try, or before a crash).
+                existing = await self._find_by_token(req.client_token)
+                if existing is not None:
+                    return self._allocation(existing, offer_id=req.offer.id, usd_per_hour=rate)
+                job_id = await self.client.submit_once(submit)
+                job = await self.client.job(job_id)
+                if job is None:
+                    raise TransientError(PROVIDER, f"submitted job {job_id} not visible yet")
+                return self._allocation(job, offer_id=req.offer.id, usd_per_hour=rate)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    def _rate(req: LaunchRequest) -> float:
+        per_gpu = req.offer.usd_per_hour / req.offer.gpu_count if req.offer.gpu_count else 0.0
+        return per_gpu * (req.spec.gpus_per_node or 0) * req.nodes
+
+    def _allocation(self, job: api.JobInfo, *, offer_id: str = "", usd_per_hour: float = 0.0) -> Allocation:
+        tags = parse_comment(job.comment)
+        try:
+            attempt = int(tags.get(ATTEMPT_TAG, "0"))
+        except ValueError:
+            attempt = 0
+        return Allocation(
+            id=f"{PROVIDER}:{self.config.cluster_name}:{job.job_id}",
+            job_id=tags.get(JOB_TAG, job.name.removeprefix("lockstep-")),
+            attempt=attempt,
+            provider=PROVIDER,
+            offer_id=offer_id,
+            state=self._state(job),
+            client_token=tags.get(TOKEN_TAG, ""),
+            resource_ids=[str(job.job_id)],
+            nodes=job.node_count,
+            region=self.config.cluster_name,
+            zone=job.partition,
+            usd_per_hour=usd_per_hour,
+            attrs={
+                "slurm_job_id": str(job.job_id),
+                "partition": job.partition,
+                "name": job.name,
+                "tenant": tags.get(TENANT_TAG, ""),
+                "nodes": ",".join(job.nodes),
+            },
+        )
+
+    def _state(self, job: api.JobInfo) -> AllocationState:
+        s = job.state
+        if s in _PENDING_STATES:
+            return AllocationState.pending
+        if s in RUNNING_STATES:
+            return AllocationState.running
+        if s == "COMPLETED":
+            return AllocationState.succeeded
+        if s == "PREEMPTED":
+            return AllocationState.preempted
+        if s == "CANCELLED":
+            ours = str(job.job_id) in self._cancelled or parse_comment(job.comment).get(CANCEL_TAG) == "1"
+            return AllocationState.released if ours else AllocationState.failed
+        if s in _FAILED_STATES:
+            return AllocationState.failed
+        return AllocationState.unknown
+
+    @staticmethod
+    def _job_id(alloc: Allocation) -> str:
+        if not alloc.resource_ids:
+            raise BadRequestError(PROVIDER, f"allocation {alloc.id} has no Slurm job id")
+        return alloc.resource_ids[0]
+
+    async def poll(self, alloc: Allocation) -> AllocationStatus:
+        job_id = self._job_id(alloc)
+        job = await self.client.job(job_id)
+        if job is None:
+            # slurmctld forgets finished jobs after MinJobAge; without accounting we cannot say how it ended.
+            if job_id in self._cancelled or alloc.state is AllocationState.released:
+                return AllocationStatus(state=AllocationState.released, reason="cancelled by Lockstep")
+            return AllocationStatus(state=AllocationState.unknown, reason=f"job {job_id} no longer known")
+        reason = "" if job.reason in ("None", "") else job.reason
+        if job.exit_code and job.state in _FAILED_STATES:
+            reason = f"{reason} exit={job.exit_code}".strip()
+        return AllocationStatus(state=self._state(job), reason=f"{job.state} {reason}".strip(), hosts=list(job.nodes))
+
+    async def release(self, alloc: Allocation) -> None:
+        job_id = self._job_id(alloc)
+        self._cancelled.add(job_id)
+        job = await self.client.job(job_id)
+        if job is None or job.finished:
+            return  # already gone
+        # Mark the job first, so that another Lockstep process polling it reads "released", not "failed".
+        try:
+            await self.client.set_comment(job_id, f"{job.comment};{CANCEL_TAG}=1")
+        except (BadRequestError, CapacityError):
+            pass  # the mark is a courtesy; cancelling is what matters
+        await self.client.cancel(job_id)
+
+    async def owned(self) -> list[Allocation]:
+        out = []
+        for job in await self.client.jobs():
+            if job.finished or parse_comment(job.comment).get(OWNER_TAG) != self.installation:
+                continue
+            out.append(self._allocation(job))
+        return out
+
+    # ------------------------------------------------------------------ nodes
+
+    @property
+    def pool(self) -> str:
+        return self.config.cluster_name
+
+    async def list_nodes(self) -> list[NodeUsage]:
+        return [node_usage(n) for n in await self.client.nodes()]
+
+    async def drain(self, node: str, reason: str) -> None:
+        """Take a node out of service (running jobs finish, nothing new starts)."""
+        await self.client.set_node_state(node, "DRAIN", reason or "lockstep: unhealthy")
+
+    async def resume(self, node: str) -> None:
+        await self.client.set_node_state(node, "RESUME", "")
+
+    async def run_on_node(
+        self,
+        node: str,
+        script: str,
+        *,
+        gpus: int,
+        time_limit_min: int,
+        log_path: str,
+        labels: Mapping[str, str],
+    ) -> Allocation:
+        """A batch job pinned to ``node`` (no ownership tags, no idempotency), in a partition holding it.
+
+        Submitted through the client's transport (auth, error mapping, bounded retries): a retried
+        submit can at worst start the job twice.
+        """
+        info = next((n for n in await self.client.nodes() if n.name == node), None)
+        partitions = info.partitions if info is not None else ()
+        partition = self.config.partition if self.config.partition in partitions else None
+        if partition is None and partitions:
+            partition = partitions[0]
+        job_id = str(await self.client.submit(api.SubmitRequest(
+            name=f"lockstep-burnin-{node}"[:100],
+            script=script,
+            nodes=1,
+            gpus_per_node=gpus,
+            gpu_type=info.gpu_type if info is not None else "",
+            time_limit_min=time_limit_min,
+            comment=render_labels(labels),
+            partition=partition,
+            stdout=log_path,
+            node=node,
+        )))
+        return Allocation(id=f"{self.name}:burnin:{job_id}", job_id=f"burnin-{node}", provider=self.name,
+                          state=AllocationState.pending, resource_ids=[job_id])

@@ -1,0 +1,81 @@
+"""The Vast.ai REST API over httpx, as the official CLI calls it (shared/vast-api-notes.md).
+
+Every call is retried on TransientError under the shared policy (:mod:`providers.retry`),
+bounded by ``vast.max_attempts``, with Vast's Retry-After honoured up to
+``vast.retry_after_max_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import httpx
+from tenacity import AsyncRetrying
+
+from broker.config import VastConfig
+from broker.errors import TransientError
+from providers.retry import retrying, with_retries
+from providers.vast.errors import PROVIDER, raise_for, transport_error
+
+log = logging.getLogger(__name__)
+
+LIST_PAGE = 50
+MAX_PAGES = 1000
+
+
+class VastClient:
+    def __init__(self, config: VastConfig) -> None:
+        self.config = config
+        headers = {"Accept": "application/json"}
+        if config.api_key is not None:
+            headers["Authorization"] = f"Bearer {config.api_key.get_secret_value()}"
+        self._http = httpx.AsyncClient(base_url=config.url.rstrip("/"), headers=headers, timeout=config.timeout_s)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def retrying(self) -> AsyncRetrying:
+        """The shared retry policy, paced by ``vast.max_attempts``, ``backoff_*`` and ``retry_after_max_s``."""
+        cfg = self.config
+        return retrying(cfg.max_attempts, initial=cfg.backoff_initial_s, max_wait=cfg.backoff_max_s,
+                        retry_after_max=cfg.retry_after_max_s)
+
+    async def call(self, method: str, path: str, *, body: Any = None, params: dict[str, str] | None = None) -> Any:
+        """One API call, retried on TransientError only; the JSON answer or the mapped error."""
+        return await with_retries(lambda: self.once(method, path, body, params), self.retrying())
+
+    async def once(self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None) -> Any:
+        what = f"{method} {path}"
+        try:
+            resp = await self._http.request(method, path, json=body, params=params)
+        except httpx.TransportError as exc:  # timeouts included
+            raise transport_error(exc, what) from None
+        log.debug("vast %s → %s", what, resp.status_code)
+        if resp.status_code >= 300:
+            raise_for(resp, what)
+        try:
+            return resp.json()
+        except ValueError:
+            raise TransientError(PROVIDER, f"{what}: HTTP {resp.status_code} with a body that is not JSON",
+                                 "bad_json") from None
+
+    async def instances(self, filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Every current instance (all pages of GET /api/v1/instances/)."""
+        out: list[dict[str, Any]] = []
+        token: str | None = None
+        for _ in range(MAX_PAGES):
+            params = {"limit": str(LIST_PAGE), "order_by": json.dumps([{"col": "id", "dir": "asc"}])}
+            if filters:
+                params["select_filters"] = json.dumps(filters)
+            if token:
+                params["after_token"] = token
+            data = await self.call("GET", "/api/v1/instances/", params=params)
+            page = data.get("instances") if isinstance(data, dict) else None
+            out.extend(i for i in page or [] if isinstance(i, dict))
+            nxt = data.get("next_token") if isinstance(data, dict) else None
+            if not nxt or nxt == token or not page:
+                break
+            token = str(nxt)
+        return out

@@ -1,0 +1,51 @@
+"""What Lockstep asks Vast for: the instance it creates from an ask, and the label that finds it again.
+
+Pure functions. The label (``lockstep:<installation>:<job>:<attempt>``) is the
+launch's idempotency key: before renting, the provider looks it up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.errors import BadRequestError
+from broker.models import Market
+from providers.base import LaunchRequest
+
+PROVIDER = "vast"
+
+
+def label_prefix(installation: str) -> str:
+    return f"lockstep:{installation}:"
+
+
+def label_for(installation: str, req: LaunchRequest) -> str:
+    """The label marking an instance as this installation's, for this job and attempt."""
+    return f"{label_prefix(installation)}{req.job_id}:{req.attempt}"
+
+
+def create_body(req: LaunchRequest, label: str) -> dict[str, Any]:
+    """The body of ``PUT /api/v0/asks/{id}/``: a bid at the ask's ``min_bid`` for a spot offer, else on-demand."""
+    spec = req.spec
+    bid = None
+    if req.offer.market == Market.spot:
+        if "min_bid" not in req.offer.attrs:
+            raise BadRequestError(PROVIDER, f"offer {req.offer.id} is spot but has no min_bid", "no_bid")
+        bid = float(req.offer.attrs["min_bid"])
+    return {
+        "client_id": "me",
+        "image": spec.image,
+        "env": {"LOCKSTEP_JOB_ID": req.job_id, "LOCKSTEP_ATTEMPT": str(req.attempt)},
+        "price": bid,  # set = an interruptible bid at this $/h; null = on-demand
+        "disk": spec.disk_gb,
+        "label": label,
+        "onstart": spec.command,
+        "runtype": "ssh",
+        "image_login": None,
+        "python_utf8": False,
+        "lang_utf8": False,
+        "use_jupyter_lab": False,
+        "jupyter_dir": None,
+        "force": False,
+        "cancel_unavail": True,  # fail now rather than queue when the machine cannot host it
+    }

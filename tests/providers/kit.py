@@ -1,0 +1,287 @@
+"""The adapters' shared test kit: the contract every provider passes, against its real part.
+
+An adapter's kit module (``tests/providers/test_contract_<market>.py``) defines one class per
+provider type that inherits :class:`OffersContract` plus the contract of every capability the
+type declares, sets ``provider_type``, and gives a ``subject`` fixture: the provider talking to
+its real part (the local Slurm cluster, moto's server, the local Vast API server, the bundled
+catalog), a query that market has offers for, and how to break it. ``test_kit_coverage.py``
+fails when a market of the registry, or a capability it declares, has no kit class.
+
+What the kit checks:
+- offers are normalised Offers (valid, unique ids, canonical GPU models, the source the provider
+  declares); a query never drops a match; the market keeps exactly the matching ones;
+- errors are the broker.errors hierarchy (a refused or unreachable market raises a ProviderError
+  from ``owned``/``offers`` and no secret is in its message);
+- Launches: launch is idempotent on the client token; poll, release and owned behave;
+- DrainsNodes, ListsNodes, HasSpotPriceHistory, RunsBurnIn, Snapshot: each does what it says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from broker.errors import ProviderError
+from broker.gpus import GPU_SPECS
+from broker.market import Marketplace
+from broker.models import (
+    Allocation,
+    AllocationState,
+    JobSpec,
+    Market,
+    Offer,
+    OfferSource,
+    PricePoint,
+    Workload,
+)
+from providers.base import LaunchRequest, OfferQuery, Provider, matches
+from providers.capabilities import (
+    DrainsNodes,
+    HasSpotPriceHistory,
+    Launches,
+    ListsNodes,
+    NodeUsage,
+    RunsBurnIn,
+    Snapshot,
+)
+from tests.waiting import eventually
+
+_DONE = frozenset({AllocationState.succeeded, AllocationState.failed, AllocationState.released,
+                   AllocationState.preempted})
+
+
+@dataclass
+class Subject:
+    """One provider under test, through its real part."""
+
+    provider: Provider
+    query: OfferQuery  # a query the market has offers for
+    # A provider of the same market that is refused or cannot be reached (None: a snapshot, which calls nothing).
+    broken: Callable[[], Provider] | None = None
+    secrets: list[str] = field(default_factory=list)  # what must never appear in an error message
+    # Launches: which offer of the query's answer to launch, and the job's command.
+    pick: Callable[[list[Offer]], Offer] = lambda offers: offers[0]
+    command: str = "sleep 60"
+    # DrainsNodes / RunsBurnIn: a node to use; RunsBurnIn: a directory the node shares with this host.
+    node: str = ""
+    shared_dir: Path | None = None
+
+
+def launch_request(subject: Subject, offer: Offer, *, attempt: int = 0) -> LaunchRequest:
+    """One GPU of a divisible offer (do not hold a shared cluster's nodes), else the whole node."""
+    per_node = 1 if offer.divisible else offer.gpu_count
+    spec = JobSpec(name="kit", gpu=[offer.gpu], gpus=per_node, gpus_per_node=per_node,
+                   workload=Workload(hours=0.05), command=subject.command)
+    installation = subject.provider.installation if isinstance(subject.provider, Launches) else "lockstep"
+    return LaunchRequest(job_id=f"kit-{uuid.uuid4().hex[:10]}", tenant="kit", attempt=attempt, spec=spec,
+                         offer=offer, nodes=1, installation=installation)
+
+
+async def _market_offers(provider: Provider, query: OfferQuery | None) -> list[Offer]:
+    market = Marketplace({provider.name: provider})
+    health = await market.refresh(query)
+    assert health[provider.name].ok, health[provider.name].last_error
+    return market.offers()
+
+
+class OffersContract:
+    """What every provider does: normalised offers, queries that drop nothing, errors of the hierarchy."""
+
+    provider_type: ClassVar[type[Provider]]
+
+    async def test_the_subject_is_the_type_under_test(self, subject: Subject) -> None:
+        assert type(subject.provider) is self.provider_type
+
+    async def test_offers_are_normalised(self, subject: Subject) -> None:
+        p = subject.provider
+        offers = await p.offers()
+        assert offers, f"{p.name}: the real part has offers"
+        assert len({o.id for o in offers}) == len(offers), "offer ids are unique"
+        want = OfferSource.snapshot if isinstance(p, Snapshot) else OfferSource.live
+        for o in offers:
+            assert isinstance(o, Offer) and Offer.model_validate(o.model_dump(mode="json")) == o
+            assert o.source is want, o.id
+            assert o.provider == p.name or want is OfferSource.snapshot, o.id  # a snapshot describes others
+            assert o.locality.provider == o.provider, o.id
+            assert o.gpu in GPU_SPECS and o.gpu_count >= 1 and o.gpu_memory_gb > 0, o.id
+            assert o.usd_per_hour >= 0 and o.max_nodes >= 1, o.id
+            assert o.market is not Market.spot or o.interruptible, o.id
+
+    async def test_a_query_never_drops_a_match_and_the_market_keeps_only_matches(self, subject: Subject) -> None:
+        p, q = subject.provider, subject.query
+
+        async def both() -> tuple[list[Offer], list[Offer]]:
+            return await p.offers(), await p.offers(q)
+
+        def never_fewer(pair: tuple[list[Offer], list[Offer]]) -> bool:
+            everything, answer = pair
+            return {o.id for o in everything if matches(o, q)} <= {o.id for o in answer}
+
+        # Eventually: a live market may change between the two reads (a node drained, a job started).
+        everything, _ = await eventually(both, never_fewer, f"{p.name}: the query drops no match")
+        assert any(matches(o, q) for o in everything), "the subject's query has matches"
+        kept = await _market_offers(p, q)
+        assert kept and all(matches(o, q) for o in kept)
+
+    async def test_errors_are_the_provider_hierarchy(self, subject: Subject) -> None:
+        if subject.broken is None:
+            assert isinstance(subject.provider, Snapshot), "only a snapshot has no call that can be refused"
+            return
+        broken = subject.broken()
+        try:
+            with pytest.raises(ProviderError) as caught:
+                # owned() must raise when the market cannot be listed: [] would read as "every job lost".
+                await (broken.owned() if isinstance(broken, Launches) else broken.offers())
+        finally:
+            await broken.aclose()
+        assert caught.value.provider  # which market's call failed ("aws" for the reserved adapter: EC2's)
+        for secret in subject.secrets:
+            assert secret not in str(caught.value)
+
+
+class LaunchesContract:
+    """Launches: idempotent launch on the client token; poll, release and owned."""
+
+    async def _launch(self, subject: Subject) -> tuple[Launches, LaunchRequest, Allocation]:
+        p = subject.provider
+        assert isinstance(p, Launches)
+        offers = [o for o in await p.offers(subject.query) if matches(o, subject.query)]
+        req = launch_request(subject, subject.pick(offers))
+        return p, req, await p.launch(req)
+
+    async def test_launch_is_idempotent_on_the_client_token(self, subject: Subject) -> None:
+        p, req, first = await self._launch(subject)
+        assert Marketplace({p.name: p}).launcher(p.name) is p
+        try:
+            assert first.client_token == req.client_token and first.resource_ids
+            assert (first.job_id, first.attempt, first.provider) == (req.job_id, req.attempt, p.name)
+            again = await p.launch(req)  # a retry, or the same attempt after a crash
+            assert again.resource_ids == first.resource_ids
+            mine = [a for a in await p.owned() if a.job_id == req.job_id]
+            assert [(a.attempt, a.resource_ids) for a in mine] == [(req.attempt, first.resource_ids)]
+        finally:
+            await p.release(first)
+
+    async def test_poll_release_and_owned(self, subject: Subject) -> None:
+        p, req, alloc = await self._launch(subject)
+        try:
+            status = await p.poll(alloc)
+            assert status.state in (AllocationState.pending, AllocationState.running), status
+        finally:
+            await p.release(alloc)
+        status = await eventually(lambda: p.poll(alloc), lambda s: s.state in _DONE, f"{p.name}: released")
+        assert status.state is AllocationState.released, status
+
+        async def still_owned() -> list[Allocation]:
+            return [a for a in await p.owned() if a.job_id == req.job_id]
+
+        await eventually(still_owned, lambda left: left == [], f"{p.name}: no longer owned after release")
+        await p.release(alloc)  # releasing what is gone is not an error
+
+
+class DrainsNodesContract:
+    """DrainsNodes: a drained node leaves the offers; resumed, it comes back."""
+
+    async def test_drain_and_resume(self, subject: Subject) -> None:
+        p, node = subject.provider, subject.node
+        assert isinstance(p, DrainsNodes) and node
+
+        async def hosts() -> set[str]:
+            return {o.locality.host for o in await p.offers()}
+
+        await eventually(hosts, lambda h: node in h, f"{node} offered before the drain")
+        try:
+            await p.drain(node, "lockstep kit: drain and resume")
+            await eventually(hosts, lambda h: node not in h, f"{node} gone from the offers once drained")
+        finally:
+            await p.resume(node)
+        await eventually(hosts, lambda h: node in h, f"{node} offered again after resume")
+
+
+class ListsNodesContract:
+    """ListsNodes: every node, normalised; the pool is its offers' region."""
+
+    async def test_nodes_are_listed_normalised(self, subject: Subject) -> None:
+        p = subject.provider
+        assert isinstance(p, ListsNodes)
+        nodes = await p.list_nodes()
+        assert nodes and len({n.name for n in nodes}) == len(nodes)
+        for n in nodes:
+            assert isinstance(n, NodeUsage) and n.name
+            assert 0 <= n.gpus_used <= n.gpus_total, n
+            assert n.gpu is None or n.gpu in GPU_SPECS, n
+        assert {o.region for o in await p.offers()} == {p.pool}
+
+        async def consistent() -> tuple[list[NodeUsage], list[Offer]]:
+            return await p.list_nodes(), await p.offers()
+
+        def offered_nodes_are_healthy(pair: tuple[list[NodeUsage], list[Offer]]) -> bool:
+            healthy = {n.name for n in pair[0] if n.healthy}
+            return {o.locality.host for o in pair[1] if o.locality.host} <= healthy
+
+        await eventually(consistent, offered_nodes_are_healthy, f"{p.name}: every offered node is a healthy node")
+
+
+class SpotHistoryContract:
+    """HasSpotPriceHistory: spot price points per region, from a given time."""
+
+    async def test_history_per_region(self, subject: Subject) -> None:
+        p = subject.provider
+        assert isinstance(p, HasSpotPriceHistory) and p.price_regions
+        now = datetime.now(UTC)
+        got = await p.spot_price_history(dict.fromkeys(p.price_regions), now=now)
+        assert set(got) == set(p.price_regions)
+        for region, points in got.items():
+            assert not isinstance(points, BaseException), points
+            assert points, f"{region}: the real part has a spot history"
+            for pt in points:
+                assert isinstance(pt, PricePoint) and pt.market is Market.spot and pt.provider == p.name
+                assert pt.region == region and pt.gpu in GPU_SPECS and pt.usd_per_hour >= 0
+
+
+class RunsBurnInContract:
+    """RunsBurnIn: a job of Lockstep's own, pinned to one node, leaves its file where the broker reads."""
+
+    async def test_a_pinned_job_runs_on_its_node(self, subject: Subject) -> None:
+        p, node, shared = subject.provider, subject.node, subject.shared_dir
+        assert isinstance(p, RunsBurnIn) and node and shared is not None
+        token = uuid.uuid4().hex[:10]
+        out = shared / f"kit-{token}.txt"
+        script = f'#!/bin/bash\necho "${{SLURMD_NODENAME:-$(hostname -s)}}" > {out}.part && mv {out}.part {out}\n'
+        alloc = await p.run_on_node(node, script, gpus=0, time_limit_min=2, log_path=str(shared / f"{token}.log"),
+                                    labels={"lockstep:kit": token})
+        try:
+            assert alloc.resource_ids and alloc.provider == p.name
+            status = await eventually(lambda: p.poll(alloc), lambda s: s.state in _DONE, "the job ended")
+            assert status.state is AllocationState.succeeded, status
+        finally:
+            await p.release(alloc)
+        assert await asyncio.to_thread(out.read_text) == f"{node}\n"
+
+
+class SnapshotContract:
+    """Snapshot: dated, read-only rows; nothing to launch."""
+
+    async def test_rows_carry_the_snapshot_and_its_date(self, subject: Subject) -> None:
+        p = subject.provider
+        assert isinstance(p, Snapshot) and not isinstance(p, Launches)
+        offers = await p.offers()
+        assert {o.source for o in offers} == {OfferSource.snapshot}
+        assert {o.observed_at for o in offers} == {p.as_of}
+
+
+CONTRACTS: dict[type[Provider], type] = {
+    Launches: LaunchesContract,
+    DrainsNodes: DrainsNodesContract,
+    ListsNodes: ListsNodesContract,
+    HasSpotPriceHistory: SpotHistoryContract,
+    RunsBurnIn: RunsBurnInContract,
+    Snapshot: SnapshotContract,
+}

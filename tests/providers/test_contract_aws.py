@@ -1,0 +1,58 @@
+"""The kit against moto's EC2 server: the spot/on-demand adapter and the reserved one (an operator pool)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from aiobotocore.session import AioSession
+
+from broker.config import AwsConfig, ReservedPool
+from broker.models import Market, Offer
+from providers.aws import AwsProvider, ReservedProvider
+from providers.base import OfferQuery
+from tests.plugins.moto import moto_config
+from tests.providers.kit import LaunchesContract, OffersContract, SpotHistoryContract, Subject
+
+pytestmark = pytest.mark.aws
+
+UNREACHABLE = "http://127.0.0.1:1"  # nothing listens on port 1 of loopback
+
+
+def p4d(offers: list[Offer]) -> Offer:
+    return next(o for o in offers if o.sku == "p4d.24xlarge")
+
+
+class TestAws(OffersContract, LaunchesContract, SpotHistoryContract):
+    provider_type = AwsProvider
+
+    @pytest.fixture
+    async def subject(self, aws_config: AwsConfig, aws_session: AioSession) -> AsyncIterator[Subject]:
+        async with AwsProvider(aws_config, installation="kit", session=aws_session) as aws:
+            yield Subject(
+                aws,
+                OfferQuery(gpus=["A100-SXM-40GB"], markets=[Market.spot], regions=["us-east-1"]),
+                broken=lambda: AwsProvider(moto_config(UNREACHABLE, max_attempts=1), installation="kit"),
+                secrets=["testing"],  # the (dummy) credentials
+                pick=p4d,
+            )
+
+
+class TestReserved(OffersContract, LaunchesContract):
+    provider_type = ReservedProvider
+
+    @pytest.fixture
+    async def subject(self, aws_moto: str, aws_session: AioSession) -> AsyncIterator[Subject]:
+        pool = ReservedPool(name="a100-plan", sku="p4d.24xlarge", region="us-east-1", zone="us-east-1b", count=3,
+                            usd_per_hour=12.0)
+        config = moto_config(aws_moto, reserved_pools=[pool])
+        unreachable = moto_config(UNREACHABLE, reserved_pools=[pool], max_attempts=1)
+        shared = AwsProvider(config, installation="kit", session=aws_session)
+        async with ReservedProvider(config, installation="kit", aws=shared) as reserved:
+            yield Subject(
+                reserved,
+                OfferQuery(markets=[Market.reserved], max_usd_per_hour=20.0),
+                broken=lambda: ReservedProvider(unreachable, installation="kit"),
+                secrets=["testing"],
+            )
+        await shared.aclose()

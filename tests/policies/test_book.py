@@ -31,7 +31,7 @@ from broker.specs import parse_spec
 from policies.book import OfferBook, offer_columns
 from policies.constraints import CHECKS, CODE_OF, memory_needed, reject_codes
 from policies.ranking import quote
-from providers.catalog import catalog_offers
+from providers.catalog.offers import catalog_offers
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 GPUS = ["H100-SXM", "H100-PCIe", "A100-SXM-80GB", "L40S", "RTX-4090", "MI300X", "B300", "T4", "Z80"]

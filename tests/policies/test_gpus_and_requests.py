@@ -14,7 +14,7 @@ from broker.perf import MFU
 from broker.specs import parse_spec, parse_spec_text
 from policies.book import OfferBook
 from policies.ranking import quote
-from providers.catalog import catalog_offers
+from providers.catalog.offers import catalog_offers
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 

@@ -27,7 +27,7 @@ from broker.models import JobSpec
 from broker.specs import parse_spec, parse_spec_text
 from policies.book import OfferBook
 from policies.ranking import quote
-from providers.catalog import catalog_offers
+from providers.catalog.offers import catalog_offers
 from tests.spec.conftest import Server, run_cli, sqlite_json_valid, strict_json
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)

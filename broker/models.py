@@ -801,7 +801,7 @@ GpuCap = Annotated[int, Strict(), Field(ge=0, le=1_000_000)]
 class TenantCreate(BaseModel):
     """A new tenant with its caps (``POST /v1/tenants``, ``lockstep tenants create``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(pattern=NAME_PATTERN)
     monthly_budget_usd: MonthlyBudgetUsd | None = None
@@ -812,7 +812,7 @@ class TenantPatch(BaseModel):
     """Caps to change (``PATCH /v1/tenants/{name}``, ``lockstep tenants set-budget``): only the fields
     given are set; null clears a cap."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     monthly_budget_usd: MonthlyBudgetUsd | None = None
     max_gpus: GpuCap | None = None

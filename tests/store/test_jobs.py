@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from datetime import timedelta
 
 import pytest
 
 from broker.errors import ConflictError, NotFoundError, SpecError
+from broker.lifecycle import JobLifecycle
 from broker.models import ALLOWED_TRANSITIONS, JobState, QuoteOption
 from broker.store import Store
 
@@ -150,13 +152,8 @@ def test_jobs_in_states(store: Store) -> None:
 
 
 def claim(s: Store, job_id: str, worker: str) -> bool:
-    """How a broker claims a job (broker/jobs.py): pending → placing under the job's row lock."""
-    try:
-        s.transition(job_id, JobState.placing, f"claimed by {worker}", {"worker": worker}, {JobState.pending},
-                     claimed_by=worker, claimed_at=T0)
-    except ConflictError:
-        return False
-    return True
+    """How a broker claims a job (JobLifecycle.claim): pending → placing under the job's row lock."""
+    return asyncio.run(JobLifecycle(s).claim(job_id, worker)) is not None
 
 
 def test_claim_moves_a_pending_job_to_placing_once(store: Store) -> None:

@@ -147,7 +147,7 @@ class Runtime:
         if self._tracker is None:
             from broker.tracker import Tracker
 
-            self._tracker = Tracker(self.settings, self.store, self.market.providers, clock=self.clock)
+            self._tracker = Tracker(self.settings, self.store, self._providers, clock=self.clock)
         return self._tracker
 
     def preemption_rates(self) -> dict[tuple[str, str, str], float]:

@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import sqlalchemy as sa
 
 from broker.models import Market, PricePoint
-from broker.price_store import POINTS, SERIES, gpu_names, to_us
 from broker.store import Store
+from broker.store.prices import POINTS, SERIES, gpu_names, to_us
 
 # Real instance types and their GPUs (AWS), with on-demand-ish hourly prices as the walk's start.
 SKUS: list[tuple[str, str, float]] = [

@@ -1,10 +1,13 @@
 """RemoteBackend: the CLI's Backend over a Lockstep server (``--server URL --token T``).
 
 It returns the same models as the local backend, so every command prints the
-same thing either way, and turns the server's JSON errors back into
-broker.errors exceptions (422 → SpecError(field, message), 404 → NotFoundError,
-409 → ConflictError, 401/403 → LockstepError). The token is sent as a bearer
-header and never appears in an error message or a repr.
+same thing either way, and turns the server's JSON errors back into the
+broker.errors class that carries the error's code (``invalid_spec`` → SpecError
+with its field, ``not_found`` → NotFoundError, ``conflict`` → ConflictError,
+``infeasible`` → NoFeasibleOption), so the CLI exits as it would locally; the
+HTTP layer's own refusals are a :class:`RemoteError` (a malformed request: a
+SpecError). The token is sent as a bearer header and never appears in an error
+message or a repr.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 import httpx
 from pydantic import SecretStr, TypeAdapter
 
-from broker.errors import ConflictError, LockstepError, NotFoundError, SpecError
+from broker.errors import LockstepError, SpecError, error_from_api
 from broker.models import GpuSummary, Job, JobState, Offer, Quote
 from policies.offers import OfferFilter
 
@@ -40,16 +43,13 @@ def _error(resp: httpx.Response) -> LockstepError:
         err = {}
     code = str(err.get("code") or "http_error")
     message = str(err.get("message") or resp.reason_phrase or "error")
-    field = err.get("field")
+    field = str(err["field"]) if err.get("field") else None
     status = resp.status_code
-    if status in (400, 422) and field:
-        return SpecError(str(field), message)
-    if status in (400, 422):
-        return SpecError("", message)
-    if status == 404:
-        return NotFoundError(message)
-    if status == 409:
-        return ConflictError(message)
+    known = error_from_api(code, message, field)
+    if known is not None:
+        return known
+    if status in (400, 422):  # the request itself was bad (a parameter, a header, the JSON)
+        return SpecError(field or "", message)
     if status == 401:
         return RemoteError(status, code, "the server refused the token (missing, invalid or revoked): "
                                          "set --token or LOCKSTEP_TOKEN")
@@ -134,6 +134,12 @@ class RemoteBackend:
     async def cancel(self, job_id: str) -> Job:
         resp = await self._call("DELETE", f"/v1/jobs/{_segment(job_id)}")
         return Job.model_validate_json(resp.content)
+
+    async def place(self, job_ids: list[str]) -> None:
+        """Nothing to do: the server's loops place jobs as they arrive."""
+
+    async def poll(self) -> None:
+        """Nothing to do: the server's loops poll the providers."""
 
     async def aclose(self) -> None:
         await self._http.aclose()

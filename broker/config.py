@@ -188,7 +188,6 @@ class VastConfig(_Section):
 class BrokerConfig(_Section):
     refresh_interval_s: float = 60.0
     provider_timeout_s: float = 30.0
-    stale_after_s: float = 600.0
     poll_interval_s: float = 5.0
     place_interval_s: float = 1.0
     max_launch_tries: int = 5

@@ -15,7 +15,16 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    field_validator,
+    model_validator,
+)
 
 from broker.gpus import GPU_SPECS, Runtime, normalise_gpu, resolve_request
 
@@ -708,6 +717,39 @@ class PriceSeries(PriceSeriesKey):
         ]
 
 
+_NUMBER_RE = re.compile(r"^\s*[+-]?\d+(\.\d*)?\s*$")
+
+
+def _iso_only(value: Any) -> Any:
+    """pydantic reads '1700000000' as a Unix time; times here are ISO 8601 (or datetimes), so say so."""
+    if isinstance(value, str) and _NUMBER_RE.match(value):
+        raise ValueError("use an ISO 8601 date-time, e.g. 2025-01-31T00:00:00Z")
+    return value
+
+
+IsoDateTime = Annotated[datetime, BeforeValidator(_iso_only)]
+
+
+class PriceFilter(BaseModel):
+    """Which stored price points to read: the store, the service, ``GET /v1/prices/…`` and
+    ``lockstep prices`` all take this one model. Each field given narrows the match; ``gpu`` matches
+    a canonical model, a family ("H100") or a prefix; ``since`` is inclusive, ``until`` exclusive;
+    ``limit`` keeps the newest points."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: str | None = Field(default=None, max_length=64)
+    sku: str | None = Field(default=None, max_length=128)
+    provider: str | None = Field(default=None, max_length=64)
+    market: Market | None = None
+    zone: str | None = Field(default=None, max_length=64)
+    region: str | None = Field(default=None, max_length=64)
+    stat: str | None = Field(default=None, max_length=16)
+    since: IsoDateTime | None = None
+    until: IsoDateTime | None = None
+    limit: int | None = Field(default=None, ge=1, le=100_000, description="the newest points at most")
+
+
 class Benchmark(BaseModel):
     provider: str
     target: str  # host name or SKU
@@ -746,3 +788,41 @@ class TokenInfo(BaseModel):
     created_at: datetime = Field(default_factory=utcnow)
     revoked: bool = False
     label: str = ""
+
+
+# --------------------------------------------------------------------------- tenants and tokens: what may be asked
+
+NAME_PATTERN = _NAME_RE.pattern  # tenant names follow the job-name rule
+# JSON true/false are not numbers: strict, so a boolean budget is refused, as the API's schema says.
+MonthlyBudgetUsd = Annotated[float, Strict(), Field(ge=0, le=1e12)]
+GpuCap = Annotated[int, Strict(), Field(ge=0, le=1_000_000)]
+
+
+class TenantCreate(BaseModel):
+    """A new tenant with its caps (``POST /v1/tenants``, ``lockstep tenants create``)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: str = Field(pattern=NAME_PATTERN)
+    monthly_budget_usd: MonthlyBudgetUsd | None = None
+    max_gpus: GpuCap | None = None
+
+
+class TenantPatch(BaseModel):
+    """Caps to change (``PATCH /v1/tenants/{name}``, ``lockstep tenants set-budget``): only the fields
+    given are set; null clears a cap."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    monthly_budget_usd: MonthlyBudgetUsd | None = None
+    max_gpus: GpuCap | None = None
+
+
+class TokenCreate(BaseModel):
+    """A new API token for a tenant (``POST /v1/tokens``, ``lockstep tokens create``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: str = Field(pattern=NAME_PATTERN)
+    role: Role = Role.user
+    label: str = Field(default="", max_length=256)

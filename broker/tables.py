@@ -1,6 +1,6 @@
 """SQLModel table classes: the database shape of Lockstep's state.
 
-Only broker/store.py and the migrations use these; every other layer sees the
+Only broker/store/ and the migrations use these; every other layer sees the
 pydantic models of broker/models.py. The store talks to these tables through
 SQLAlchemy Core (``Model.__table__``) so bulk paths stay fast and rows convert
 to domain models in one place.
@@ -94,8 +94,23 @@ def _ts(index: bool = False, nullable: bool = False) -> Any:
     return Field(sa_column=sa.Column(UTCDateTime(), nullable=nullable, index=index))
 
 
-def _json() -> Any:
-    return Field(sa_column=sa.Column(sa.JSON(), nullable=True))
+class JSONOr(TypeDecorator[Any]):
+    """JSON that reads a NULL (SQL or JSON) back as an empty ``dict`` or ``list``, so rows validate straight
+    into the domain models, whose collections are never None."""
+
+    impl = sa.JSON()
+    cache_ok = True
+
+    def __init__(self, empty: type[dict[str, Any]] | type[list[Any]]) -> None:
+        super().__init__()
+        self.empty = empty
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> Any:
+        return self.empty() if value is None else value
+
+
+def _json(empty: type[dict[str, Any]] | type[list[Any]] | None = None) -> Any:
+    return Field(sa_column=sa.Column(sa.JSON() if empty is None else JSONOr(empty), nullable=True))
 
 
 class JobRow(SQLModel, table=True):
@@ -112,7 +127,7 @@ class JobRow(SQLModel, table=True):
     spec: dict[str, Any] = Field(sa_column=sa.Column(sa.JSON(), nullable=False))
     fingerprint: str = Field(sa_column=sa.Column(sa.String(64), nullable=False))
     placement: dict[str, Any] | None = _json()
-    decision: dict[str, Any] | None = _json()
+    decision: dict[str, Any] | None = _json(dict)
     gpus: int = Field(sa_column=sa.Column(sa.Integer(), nullable=False))
     created_at: datetime = _ts(index=True)
     updated_at: datetime = _ts(index=True)
@@ -136,7 +151,7 @@ class JobEventRow(SQLModel, table=True):
     from_state: str | None = Field(default=None, sa_column=sa.Column(sa.String(16), nullable=True))
     to_state: str = Field(sa_column=sa.Column(sa.String(16), nullable=False))
     reason: str = Field(sa_column=sa.Column(sa.Text(), nullable=False, server_default=""))
-    data: dict[str, Any] | None = _json()
+    data: dict[str, Any] | None = _json(dict)
 
 
 class AllocationRow(SQLModel, table=True):
@@ -164,7 +179,7 @@ class AllocationRow(SQLModel, table=True):
     offer_id: str = Field(sa_column=sa.Column(sa.String(256), nullable=False, server_default=""))
     state: str = Field(sa_column=sa.Column(sa.String(16), nullable=False))
     client_token: str = Field(sa_column=sa.Column(sa.String(128), nullable=False, server_default=""))
-    resource_ids: list[str] | None = _json()
+    resource_ids: list[str] | None = _json(list)
     nodes: int = Field(sa_column=sa.Column(sa.Integer(), nullable=False, server_default="1"))
     region: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, server_default=""))
     zone: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, server_default=""))
@@ -172,7 +187,7 @@ class AllocationRow(SQLModel, table=True):
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
     reason: str = Field(sa_column=sa.Column(sa.Text(), nullable=False, server_default=""))
-    attrs: dict[str, str] | None = _json()
+    attrs: dict[str, str] | None = _json(dict)
 
 
 class PriceSeriesRow(SQLModel, table=True):
@@ -302,3 +317,8 @@ class IdempotencyKeyRow(SQLModel, table=True):
 
 
 metadata = SQLModel.metadata
+
+
+def table_of(row: type[SQLModel]) -> sa.Table:
+    """The Core table of a table class, typed (SQLModel does not declare ``__table__``)."""
+    return metadata.tables[str(row.__tablename__)]

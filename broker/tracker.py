@@ -39,12 +39,12 @@ from pydantic import BaseModel, Field
 
 from broker.config import Settings
 from broker.errors import ProviderError, TransientError
-from broker.models import AllocationState, Market, PricePoint, SeriesKey, as_utc, utcnow
-from broker.price_store import SERIES_KEYS
+from broker.models import AllocationState, Market, PriceFilter, PricePoint, SeriesKey, as_utc, utcnow
 from broker.price_summaries import market_summaries, rate_points, utilisation_points
 from broker.store import Store
+from broker.store.prices import SERIES_KEYS
 from policies.risk import RiskKey, preemption_rates
-from policies.spikes import Spike, SpikeDetector, volatility_per_hour
+from policies.spikes import SPIKE_MARKETS, SPIKE_STATS, Spike, SpikeDetector, volatility_per_hour
 from providers.base import Provider
 from providers.capabilities import HasSpotPriceHistory, ListsNodes, Snapshot
 from providers.retry import retrying, with_retries
@@ -53,8 +53,6 @@ log = logging.getLogger(__name__)
 
 LOCK_NAME = "lockstep-tracker"
 WEBHOOK_ATTEMPTS = 3
-SPIKE_STATS = frozenset({"price", "median"})  # min/p10 of a marketplace jump when one cheap host leaves
-SPIKE_MARKETS = frozenset({Market.spot.value, Market.on_demand.value})  # owned/reserved rates are config
 HOUSEKEEPING_EVERY = timedelta(hours=1)
 SERIES_FIELDS = SERIES_KEYS  # the store's definition of a price series
 
@@ -282,15 +280,7 @@ class Tracker:
         self, key: SeriesKey, since: datetime | None, until: datetime | None, limit: int | None
     ) -> list[tuple[datetime, float]]:
         pts = self.store.price_history(
-            provider=key[0],
-            market=Market(key[1]),
-            sku=key[2],
-            region=key[3],
-            zone=key[4],
-            stat=key[5],
-            since=since,
-            until=until,
-            limit=limit,
+            PriceFilter(**dict(zip(SERIES_FIELDS, key, strict=True)), since=since, until=until, limit=limit)
         )
         return [(as_utc(p.at), p.usd_per_hour) for p in pts]
 

@@ -16,7 +16,8 @@ Series are change-only (the store keeps a point only when the price changes), so
 
 :class:`SpikeDetector` is the incremental form the tracker uses between runs:
 resume it from the stored history and the open alert, feed it new points, read
-the events. :func:`detect_spikes` runs one over a whole series.
+the events. :func:`detect_spikes` runs one over a whole series. :func:`watched` says which series
+the rule applies to (the prices and marketplace medians of spot and on-demand markets).
 """
 
 from __future__ import annotations
@@ -29,7 +30,27 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-__all__ = ["Spike", "SpikeDetector", "SpikeEvent", "detect_spikes", "volatility_per_hour"]
+from broker.models import Market
+
+__all__ = [
+    "SPIKE_MARKETS",
+    "SPIKE_STATS",
+    "Spike",
+    "SpikeDetector",
+    "SpikeEvent",
+    "detect_spikes",
+    "volatility_per_hour",
+    "watched",
+]
+
+# Which series the rule watches, for the tracker's alerts and for every chart of spikes alike.
+SPIKE_STATS = frozenset({"price", "median"})  # min/p10 of a marketplace jump when one cheap host leaves
+SPIKE_MARKETS = frozenset({Market.spot.value, Market.on_demand.value})  # owned/reserved rates are config
+
+
+def watched(market: str, stat: str) -> bool:
+    """True for a series (by its market and stat) the spike rule applies to."""
+    return stat in SPIKE_STATS and market in SPIKE_MARKETS
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,6 @@ from broker.api.metrics import ApiMetrics
 from broker.api.middlewares import auth_middleware, error_middleware
 from broker.api.openapi import build_openapi
 from broker.config import Settings
-from broker.models import TokenInfo
 from broker.service import Lockstep
 
 log = logging.getLogger(__name__)
@@ -43,11 +42,7 @@ def create_app(svc: Lockstep, *, start_loops: bool = True, close_service: bool =
     app[METRICS] = ApiMetrics()
     app[LIMITER] = RateLimiter(api.rate_per_s, api.burst)
 
-    async def verify(plaintext: str) -> TokenInfo | None:
-        result: TokenInfo | None = await svc.db(svc.store.verify_token, plaintext)
-        return result
-
-    app[TOKENS] = TokenCache(verify, token_cache_s)
+    app[TOKENS] = TokenCache(svc.verify_token, token_cache_s)
     app[OPENAPI] = build_openapi()
     for r in ROUTES:
         app.router.add_route(r.method, r.path, r.handler, name=r.operation_id)
@@ -70,7 +65,7 @@ async def _hooks(app: web.Application) -> AsyncIterator[None]:
 def _service(start_loops: bool, close_service: bool) -> Callable[[web.Application], AsyncIterator[None]]:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         svc = app[SERVICE]
-        await svc.db(lambda: svc.store)  # open and migrate the store before the first request
+        await svc.open_store()  # open and migrate the store before the first request
         started = False
         if start_loops:
             await svc.start()

@@ -11,15 +11,7 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from broker.errors import (
-    BudgetExceeded,
-    ConflictError,
-    LockstepError,
-    NoFeasibleOption,
-    NotFoundError,
-    ProviderError,
-    SpecError,
-)
+from broker.errors import LockstepError
 
 # aiohttp's own HTTP errors (unknown route, wrong method, body too large...) by status.
 _HTTP_CODES: dict[int, str] = {
@@ -57,21 +49,8 @@ def error_response(status: int, code: str, message: str, field: str | None = Non
 
 
 def from_lockstep(exc: LockstepError) -> ApiError:
-    """The HTTP face of a domain error."""
-    if isinstance(exc, SpecError):
-        return ApiError(422, "invalid_spec", exc.detail or str(exc), exc.field or "body")
-    if isinstance(exc, NotFoundError):
-        return ApiError(404, "not_found", str(exc))
-    if isinstance(exc, ConflictError):
-        return ApiError(409, "conflict", str(exc))
-    if isinstance(exc, NoFeasibleOption):
-        return ApiError(422, "infeasible", str(exc))
-    if isinstance(exc, BudgetExceeded):
-        return ApiError(403, "budget_exceeded", str(exc))
-    if isinstance(exc, ProviderError):
-        # Adapters build these messages from status and provider error codes, never from credentials.
-        return ApiError(502, "provider_error", str(exc))
-    return ApiError(500, "internal", "internal error")
+    """The HTTP face of a domain error: each class carries its status, code and field (broker/errors.py)."""
+    return ApiError(exc.http_status, exc.api_code, exc.public_message, exc.api_field)
 
 
 def from_http(exc: web.HTTPException) -> ApiError:

@@ -6,7 +6,6 @@ document is generated from, so the two cannot drift apart.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,16 +35,25 @@ from broker.api.schemas import (
     JobDetail,
     JobPage,
     ProvidersReport,
-    TenantCreate,
-    TenantPatch,
-    TokenCreate,
     TokenCreated,
 )
 from broker.errors import ConflictError, SpecError
-from broker.models import GpuSummary, Job, JobSpec, Offer, PricePoint, PriceSeries, Quote, Role, Tenant, TokenInfo
+from broker.models import (
+    GpuSummary,
+    Job,
+    JobSpec,
+    Offer,
+    PricePoint,
+    PriceSeries,
+    Quote,
+    Role,
+    Tenant,
+    TenantCreate,
+    TenantPatch,
+    TokenCreate,
+    TokenInfo,
+)
 from broker.specs import parse_spec
-
-log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -64,8 +72,11 @@ def render(data: BaseModel | Sequence[BaseModel], status: int = 200,
     return web.Response(status=status, text=text, content_type="application/json", headers=headers)
 
 
+ADMIN_ONLY: set[Handler] = set()  # handlers only an admin token may call (the auth middleware checks)
+
+
 def admin_only(handler: Handler) -> Handler:
-    handler.admin_only = True  # type: ignore[attr-defined]  # read by the auth middleware
+    ADMIN_ONLY.add(handler)
     return handler
 
 
@@ -153,14 +164,12 @@ async def cancel_job(request: web.Request) -> web.Response:
 
 async def price_history(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
-    params = parse_query(request, PriceParams)
-    return render(await svc.price_history(**params.model_dump()))
+    return render(await svc.price_history(parse_query(request, PriceParams)))
 
 
 async def price_series(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
-    params = parse_query(request, SeriesParams)
-    return render(await svc.price_series(**params.model_dump()))
+    return render(await svc.price_series(parse_query(request, SeriesParams)))
 
 
 async def providers(request: web.Request) -> web.Response:
@@ -183,9 +192,7 @@ async def drain_node(request: web.Request) -> web.Response:
 @admin_only
 async def create_token(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
-    body = await parse_body(request, TokenCreate)
-    info, plaintext = await svc.db(svc.store.create_token, body.tenant, body.role, body.label)
-    log.info("token %s created for tenant %s (role %s)", info.id, info.tenant, info.role.value)
+    info, plaintext = await svc.create_token(await parse_body(request, TokenCreate))
     return render(TokenCreated(**dict(info), token=plaintext), status=201)
 
 
@@ -193,48 +200,40 @@ async def create_token(request: web.Request) -> web.Response:
 async def list_tokens(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
     params = parse_query(request, TokensParams)
-    return render(await svc.db(svc.store.list_tokens, params.tenant))
+    return render(await svc.list_tokens(params.tenant))
 
 
 @admin_only
 async def revoke_token(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
     token_id = request.match_info["token_id"]
-    await svc.db(svc.store.revoke_token, token_id)
+    await svc.revoke_token(token_id)
     request.app[TOKENS].forget(token_id)
-    log.info("token %s revoked", token_id)
     return web.Response(status=204)
 
 
 @admin_only
 async def create_tenant(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
-    body = await parse_body(request, TenantCreate)
-    tenant = Tenant(name=body.name, monthly_budget_usd=body.monthly_budget_usd, max_gpus=body.max_gpus)
-    return render(await svc.db(svc.store.create_tenant, tenant), status=201)
+    return render(await svc.create_tenant(await parse_body(request, TenantCreate)), status=201)
 
 
 @admin_only
 async def list_tenants(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
-    return render(await svc.db(svc.store.list_tenants))
+    return render(await svc.list_tenants())
 
 
 async def get_tenant(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
-    name = request.match_info["name"]
-    scope = _scope(request)
-    if scope is not None and scope != name:  # another tenant's caps are not a user's business
-        raise ApiError(404, "not_found", f"tenant {name} not found")
-    return render(await svc.db(svc.store.get_tenant, name))
+    return render(await svc.get_tenant(request.match_info["name"], _scope(request)))
 
 
 @admin_only
 async def patch_tenant(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
-    body = await parse_body(request, TenantPatch)
-    return render(await svc.db(svc.store.update_tenant, request.match_info["name"],
-                               **body.model_dump(exclude_unset=True)))
+    patch = await parse_body(request, TenantPatch)
+    return render(await svc.update_tenant(request.match_info["name"], patch))
 
 
 # --------------------------------------------------------------------------- operations
@@ -246,11 +245,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
-    try:
-        store_ok = bool(await svc.db(svc.store.ping))
-    except Exception as exc:  # any failure to reach the store means "not ready"
-        log.warning("readiness: store unreachable (%s)", type(exc).__name__)
-        store_ok = False
+    store_ok = await svc.store_ok()
     health = {name: h.ok for name, h in svc.providers_health().items()}
     markets_ok = any(health.values()) or svc.market.has_snapshot
     ready = store_ok and markets_ok
@@ -293,7 +288,7 @@ class Route:
 
     @property
     def admin(self) -> bool:
-        return bool(getattr(self.handler, "admin_only", False))
+        return self.handler in ADMIN_ONLY
 
     @property
     def operation_id(self) -> str:

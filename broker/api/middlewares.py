@@ -14,7 +14,7 @@ from aiohttp.typedefs import Handler
 
 from broker.api.auth import is_admin, retry_after
 from broker.api.errors import ApiError, error_response, from_http, from_lockstep
-from broker.api.handlers import ROUTES
+from broker.api.handlers import ADMIN_ONLY, ROUTES
 from broker.api.keys import AUTH, LIMITER, METRICS, TOKENS
 from broker.errors import LockstepError
 
@@ -95,7 +95,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         raise ApiError(429, "rate_limited", f"tenant {info.tenant} is over its request rate",
                        headers={"Retry-After": retry_after(wait)})
     route_handler = request.match_info.handler
-    if getattr(route_handler, "admin_only", False) and not is_admin(info):
+    if route_handler in ADMIN_ONLY and not is_admin(info):
         raise ApiError(403, "forbidden", "this endpoint needs an admin token")
     request[AUTH] = info
     return await handler(request)

@@ -7,31 +7,18 @@ naming the field (400 when it is not JSON at all).
 from __future__ import annotations
 
 import json
-import re
-from datetime import datetime
 from functools import cache
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from broker.api.errors import ApiError
-from broker.models import JobState, Market
+from broker.models import JobState, PriceFilter
 from broker.specs import first_error
 from policies.offers import OfferFilter
 
 M = TypeVar("M", bound=BaseModel)
-_NUMBER = re.compile(r"^\s*[+-]?\d+(\.\d*)?\s*$")
-
-
-def _iso_only(value: Any) -> Any:
-    """pydantic reads '1700000000' as a Unix time; the API promises ISO 8601 only, so say so."""
-    if isinstance(value, str) and _NUMBER.match(value):
-        raise ValueError("use an ISO 8601 date-time, e.g. 2025-01-31T00:00:00Z")
-    return value
-
-
-IsoDateTime = Annotated[datetime, BeforeValidator(_iso_only)]
 
 
 class QuoteParams(BaseModel):
@@ -65,27 +52,15 @@ class TokensParams(BaseModel):
     tenant: str | None = Field(default=None, max_length=64)
 
 
-class SeriesParams(BaseModel):
+class SeriesParams(PriceFilter):
     """GET /v1/prices/series: the history filters over a window (``since`` defaults to 7 days
     before ``until``, or before now)."""
 
-    model_config = ConfigDict(extra="forbid")
 
-    gpu: str | None = Field(default=None, max_length=64)
-    sku: str | None = Field(default=None, max_length=128)
-    provider: str | None = Field(default=None, max_length=64)
-    market: Market | None = None
-    zone: str | None = Field(default=None, max_length=64)
-    region: str | None = Field(default=None, max_length=64)
-    stat: str | None = Field(default=None, max_length=16)
-    since: IsoDateTime | None = None
-    until: IsoDateTime | None = None
-
-
-class PriceParams(SeriesParams):
+class PriceParams(PriceFilter):
     """GET /v1/prices/history: the same filters, and at most ``limit`` points (the newest)."""
 
-    limit: int = Field(default=1000, ge=1, le=100_000)
+    limit: int | None = Field(default=1000, ge=1, le=100_000, description="the newest points at most")
 
 
 @cache

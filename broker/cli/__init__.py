@@ -1,7 +1,8 @@
 """`lockstep` — the command line. Thin: parse, call the service, render.
 
-Exit codes: 0 success, 1 a provider or server failed, 2 bad input (one
-readable line on stderr, never a traceback), 3 no feasible option.
+Exit codes (each error class carries its own, broker/errors.py): 0 success, 1 a provider
+or server failed, 2 bad input (one readable line on stderr, never a traceback), 3 no
+feasible option.
 """
 
 from __future__ import annotations
@@ -12,22 +13,36 @@ import sys
 
 import typer
 
-from broker.cli import config as _config  # noqa: F401
-from broker.cli import gpus as _gpus  # noqa: F401
-from broker.cli import jobs as _jobs  # noqa: F401  (registers commands)
-from broker.cli import quote as _quote  # noqa: F401
-from broker.cli.app import app
-from broker.errors import (
-    BudgetExceeded,
-    ConflictError,
-    LockstepError,
-    NoFeasibleOption,
-    NotFoundError,
-    ProviderError,
-    SpecError,
-)
+from broker.cli.app import Command, app, commands
+from broker.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, LockstepError
 
-EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 1, 2, 3
+# Every command, in the order `lockstep --help` lists them. A command's module is imported when it runs.
+COMMANDS = (
+    Command("submit", "broker.cli.jobs:submit",
+            "Submit a job. Once accepted it is stored and survives a broker crash."),
+    Command("jobs", "broker.cli.jobs:list_jobs", "Jobs, newest first."),
+    Command("status", "broker.cli.jobs:status",
+            "One job with its events (without a server, polls its provider first)."),
+    Command("cancel", "broker.cli.jobs:cancel", "Cancel a job and release everything it holds."),
+    Command("quote", "broker.cli.quote:quote", "What the job would cost, where, and why: ranked by expected job cost."),
+    Command("offers", "broker.cli.quote:offers", "The offer book, cheapest per GPU-hour first."),
+    Command("gpus", "broker.cli.gpus:gpus",
+            "GPU models in the current offer book: markets, regions, units and $/GPU-hour per market."),
+    Command("probe", "broker.cli.bench:probe_command",
+            "Measure this node (GPU, memory, NCCL, disk) and print one JSON document."),
+    Command("serve", "broker.cli.admin:serve",
+            "Run the HTTP API and the broker's background loops until stopped (Ctrl-C / SIGTERM)."),
+    Command("burnin", "broker.cli.burnin:burnin_command",
+            "Burn a node in: run the probe there as a batch job, store the result, drain the node if unhealthy."),
+    Command("bench", "broker.cli.bench:group", "Benchmark results: parse nccl-tests output, record, list.",
+            group=True),
+    Command("prices", "broker.cli.prices:app", "Spot price tracking: history, alerts, replay."),
+    Command("tokens", "broker.cli.admin:tokens_app", "API tokens (bearer), each bound to a tenant and a role."),
+    Command("tenants", "broker.cli.admin:tenants_app", "Tenants and their caps (monthly budget, GPUs)."),
+    Command("config", "broker.cli.config:config_app",
+            "The configuration: check a file for mistakes, show what is in effect."),
+)
+commands(*COMMANDS)
 
 
 def _click_exceptions() -> tuple[tuple[type, ...], tuple[type, ...], tuple[type, ...], tuple[type, ...]]:
@@ -52,49 +67,15 @@ def _click_exceptions() -> tuple[tuple[type, ...], tuple[type, ...], tuple[type,
 _EXIT, _USAGE, _CLICK, _ABORT = _click_exceptions()
 
 
-def _mount_optional() -> None:
-    """Sub-apps owned by other modules; each mounts only if its module is present."""
-    try:
-        from broker.cli.bench import app as bench_app
-        from broker.cli.bench import probe_command
-
-        app.add_typer(bench_app, name="bench", help="Benchmark results: parse nccl-tests output.")
-        app.command("probe", help="Measure this node (GPU, memory, NCCL, disk) and print one JSON document.")(
-            probe_command
-        )
-    except ImportError:
-        pass
-    try:
-        from broker.cli.prices import app as prices_app
-
-        app.add_typer(prices_app, name="prices", help="Spot price tracking: history, alerts, replay.")
-    except ImportError:
-        pass
-    try:
-        from broker.cli.admin import register
-
-        register(app)
-    except ImportError:
-        pass
-    try:
-        from broker.cli.burnin import register as register_burnin
-
-        register_burnin(app)
-    except ImportError:
-        pass
-
-
-_mount_optional()
-
-
 def _err(line: str) -> None:
     typer.echo(f"lockstep: {line}", err=True)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, root: typer.Typer = app) -> None:
+    """Run ``root`` (the `lockstep` app) on ``argv``; every failure is one line on stderr and its exit code."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        rv = app(args=argv, standalone_mode=False, prog_name="lockstep")
+        rv = root(args=argv, standalone_mode=False, prog_name="lockstep")
     except _EXIT as e:
         sys.exit(e.exit_code)
     except _USAGE as e:
@@ -106,18 +87,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_FAIL)
     except _ABORT:
         sys.exit(130)
-    except SpecError as e:
+    except LockstepError as e:
         _err(str(e))
-        sys.exit(EXIT_BAD_INPUT)
-    except NoFeasibleOption as e:
-        _err(str(e))
-        sys.exit(EXIT_INFEASIBLE)
-    except (NotFoundError, ConflictError, BudgetExceeded) as e:
-        _err(str(e))
-        sys.exit(EXIT_BAD_INPUT if isinstance(e, NotFoundError | ConflictError) else EXIT_FAIL)
-    except (ProviderError, LockstepError) as e:
-        _err(str(e))
-        sys.exit(EXIT_FAIL)
+        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as e:  # never a traceback for users; LOCKSTEP_DEBUG=1 shows it
@@ -127,3 +99,6 @@ def main(argv: list[str] | None = None) -> None:
              "(set LOCKSTEP_DEBUG=1 for the traceback)")
         sys.exit(EXIT_FAIL)
     sys.exit(rv if isinstance(rv, int) else EXIT_OK)
+
+
+__all__ = ["COMMANDS", "app", "main"]

@@ -1,4 +1,5 @@
-"""`lockstep tokens|tenants ...` (on the local store, where the server's store is) and `lockstep serve`.
+"""`lockstep tokens|tenants ...` (through the service, on the local store: where the server's store is) and
+`lockstep serve`.
 
 `tokens create` prints the new token alone on its last line, so scripts can
 capture it: ``TOKEN=$(lockstep tokens create --tenant acme | tail -n1)``.
@@ -9,35 +10,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from broker.cli import render
 from broker.cli.app import get_ctx
-from broker.models import Role, Tenant
-
-if TYPE_CHECKING:
-    from broker.store import Store
+from broker.cli.backend import validated, with_service
+from broker.errors import SpecError
+from broker.models import Role, Tenant, TenantCreate, TenantPatch, TokenCreate
 
 tokens_app = typer.Typer(help="API tokens (bearer), each bound to a tenant and a role.", no_args_is_help=True,
                          add_completion=False, pretty_exceptions_enable=False)
 tenants_app = typer.Typer(help="Tenants and their caps (monthly budget, GPUs).", no_args_is_help=True,
                           add_completion=False, pretty_exceptions_enable=False)
-
-
-@contextmanager
-def _store(ctx: typer.Context) -> Iterator[Store]:
-    from broker.store import open_store  # SQLAlchemy and Alembic load only for the commands that need them
-
-    store = open_store(get_ctx(ctx).settings.db_url)
-    try:
-        yield store
-    finally:
-        store.close()
 
 
 # --------------------------------------------------------------------------- tokens
@@ -51,17 +38,8 @@ def tokens_create(
     label: Annotated[str, typer.Option("--label", help="A note to tell tokens apart.")] = "",
 ) -> None:
     """Create a token. The token is shown once, alone on the last line; only its hash is stored."""
-    from pydantic import ValidationError
-
-    from broker.api.schemas import TokenCreate
-    from broker.specs import first_error
-
-    try:
-        TokenCreate(tenant=tenant, role=role, label=label)  # the same rules as POST /v1/tokens
-    except ValidationError as exc:  # one readable line, exit 2
-        raise first_error(exc) from None
-    with _store(ctx) as store:
-        info, plaintext = store.create_token(tenant, role, label)
+    body = validated(TokenCreate, tenant=tenant, role=role, label=label)  # the rules of POST /v1/tokens
+    info, plaintext = with_service(get_ctx(ctx), lambda svc: svc.create_token(body))
     typer.echo(f"created token {info.id} for tenant {info.tenant} (role {info.role.value})")
     typer.echo(plaintext)
 
@@ -73,8 +51,7 @@ def tokens_list(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List tokens (ids, tenants, roles; never the secrets)."""
-    with _store(ctx) as store:
-        tokens = store.list_tokens(tenant)
+    tokens = with_service(get_ctx(ctx), lambda svc: svc.list_tokens(tenant))
     if json_out:
         render.print_json(tokens)
         return
@@ -91,8 +68,7 @@ def tokens_list(
 def tokens_revoke(ctx: typer.Context,
                   token_id: Annotated[str, typer.Argument(help="Token id (tok_...).")]) -> None:
     """Revoke a token: the server refuses it from then on (within its short verification cache)."""
-    with _store(ctx) as store:
-        store.revoke_token(token_id)
+    with_service(get_ctx(ctx), lambda svc: svc.revoke_token(token_id))
     typer.echo(f"revoked {token_id}")
 
 
@@ -117,17 +93,8 @@ def tenants_create(
     max_gpus: Annotated[int | None, typer.Option("--max-gpus", min=0, help="GPUs held at once.")] = None,
 ) -> None:
     """Create a tenant."""
-    from pydantic import ValidationError
-
-    from broker.api.schemas import TenantCreate
-    from broker.specs import first_error
-
-    try:
-        body = TenantCreate(name=name, monthly_budget_usd=budget, max_gpus=max_gpus)
-    except ValidationError as exc:
-        raise first_error(exc) from None
-    with _store(ctx) as store:
-        tenant = store.create_tenant(Tenant(**body.model_dump()))
+    body = validated(TenantCreate, name=name, monthly_budget_usd=budget, max_gpus=max_gpus)
+    tenant = with_service(get_ctx(ctx), lambda svc: svc.create_tenant(body))
     _tenants_table([tenant])
 
 
@@ -137,8 +104,7 @@ def tenants_list(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List tenants and their caps."""
-    with _store(ctx) as store:
-        tenants = store.list_tenants()
+    tenants = with_service(get_ctx(ctx), lambda svc: svc.list_tenants())
     if json_out:
         render.print_json(tenants)
     else:
@@ -162,11 +128,9 @@ def tenants_set_budget(
     if max_gpus is not None:
         fields["max_gpus"] = max_gpus
     if not fields:
-        from broker.errors import SpecError
-
         raise SpecError("", "give --monthly-usd, --max-gpus or --clear")
-    with _store(ctx) as store:
-        tenant = store.update_tenant(name, **fields)
+    patch = validated(TenantPatch, **fields)
+    tenant = with_service(get_ctx(ctx), lambda svc: svc.update_tenant(name, patch))
     _tenants_table([tenant])
 
 
@@ -196,8 +160,3 @@ def serve(
     except KeyboardInterrupt:
         sys.exit(0)
 
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(tokens_app, name="tokens")
-    app.add_typer(tenants_app, name="tenants")
-    app.command("serve")(serve)

@@ -1,24 +1,96 @@
-"""The root typer app and the options every command shares."""
+"""The root typer app, the options every command shares, and how commands load.
+
+Commands are listed once, in ``broker.cli.COMMANDS``: a name, where the command lives
+(``module:attribute``, a command function or a ``typer.Typer`` group) and its one-line help.
+The root group shows that list without importing anything; a command's module is imported
+when the command runs (or its own ``--help`` is asked), so each command loads only what it
+uses. A module that fails to import fails its command loudly; nothing vanishes from the list.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass, field
-from typing import Annotated
+from functools import cache
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from broker import logconfig
-from broker.config import Settings, load_settings
 from broker.logconfig import LogFormat
+
+if TYPE_CHECKING:
+    from broker.config import Settings
+
+
+@dataclass(frozen=True)
+class Command:
+    """One entry of the command list."""
+
+    name: str
+    target: str  # "module:attribute": a command function, a typer.Typer, or (group=True) a function returning one
+    help: str  # the line `lockstep --help` shows: the first line of the command's own help
+    group: bool = False
+
+
+@cache
+def load(entry: Command) -> Any:
+    """The click command of ``entry``: its module imported, its typer function or group converted (once)."""
+    module, _, attribute = entry.target.partition(":")
+    obj = getattr(importlib.import_module(module), attribute)
+    if entry.group and not isinstance(obj, typer.Typer):
+        obj = obj()
+    holder = typer.Typer()  # registered as `app.add_typer(…)` / `app.command(…)` would on the root app
+    if isinstance(obj, typer.Typer):
+        holder.add_typer(obj, name=entry.name)
+    else:
+        holder.command(entry.name)(obj)
+    return typer.main.get_group(holder).commands[entry.name]
+
+
+class _Deferred(TyperCommand):
+    """A listed command whose module is not imported yet: it has its name and help, and becomes the
+    real command as soon as it is asked to parse arguments."""
+
+    def __init__(self, entry: Command) -> None:
+        super().__init__(name=entry.name, help=entry.help, callback=None)
+        self.entry = entry
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        return load(self.entry).make_context(info_name, args, parent=parent, **extra)
+
+
+class LazyGroup(TyperGroup):
+    """The root group over ``COMMANDS`` (commands registered on the app directly come first)."""
+
+    commands_table: ClassVar[dict[str, Command]] = {}
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        eager = super().list_commands(ctx)
+        return [*eager, *(name for name in self.commands_table if name not in eager)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name in self.commands_table:
+            command = _Deferred(self.commands_table[cmd_name])
+        return command
+
 
 app = typer.Typer(
     name="lockstep",
+    cls=LazyGroup,
     help="Lockstep: submit a GPU job once, run it where it is cheapest for that job.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def commands(*entries: Command) -> None:
+    """Make ``entries`` the root group's command list, in the order given."""
+    LazyGroup.commands_table = {e.name: e for e in entries}
 
 
 @dataclass
@@ -32,6 +104,8 @@ class Context:
     @property
     def settings(self) -> Settings:
         if self._settings is None:
+            from broker.config import load_settings
+
             over = {"db_url": self.db} if self.db else {}
             self._settings = load_settings(self.config_file, **over)
         return self._settings
@@ -66,3 +140,5 @@ def get_ctx(ctx: typer.Context) -> Context:
     obj = ctx.find_root().obj
     assert isinstance(obj, Context)
     return obj
+
+

@@ -1,20 +1,27 @@
-"""Where CLI commands go: the local store and providers, or a Lockstep server.
+"""Where CLI commands go: the local service (store and providers on this machine) or a Lockstep server.
 
-Both backends expose the same async methods returning the same models, so each
-command renders identical output either way.
+Job commands use a :class:`Backend`: both kinds expose the same async methods returning the same
+models, so each command renders identical output either way. Commands that exist only locally
+(tokens, tenants, prices) call the service itself through :func:`with_service`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from broker.cli.app import Context
 from broker.models import GpuSummary, Job, JobState, Offer, Quote
-from policies.offers import OfferFilter
+
+if TYPE_CHECKING:
+    from broker.service import Lockstep
+    from policies.offers import OfferFilter
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 
 class Backend(Protocol):
@@ -25,6 +32,8 @@ class Backend(Protocol):
     async def jobs(self, states: list[JobState] | None, limit: int) -> list[Job]: ...
     async def status(self, job_id: str) -> Job: ...
     async def cancel(self, job_id: str) -> Job: ...
+    async def place(self, job_ids: list[str]) -> None: ...  # one placement pass now (a server's loops do it)
+    async def poll(self) -> None: ...  # poll the providers now (likewise)
     async def aclose(self) -> None: ...
 
 
@@ -50,3 +59,29 @@ def with_backend(ctx: Context, fn: Callable[[Backend], Awaitable[T]], *, provide
             await backend.aclose()
 
     return asyncio.run(run())
+
+
+def with_service(ctx: Context, fn: Callable[[Lockstep], Awaitable[T]], *, markets: bool = False,
+                 only: list[str] | None = None) -> T:
+    """Run one async operation on the local service, always closing it. Without ``markets`` it talks to
+    no provider (the store is enough); with it, to every enabled one (``only`` narrows them)."""
+    from broker.service import Lockstep
+
+    async def run() -> T:
+        svc = Lockstep(ctx.settings, only_providers=only) if markets else Lockstep(ctx.settings, providers={})
+        try:
+            return await fn(svc)
+        finally:
+            await svc.aclose()
+
+    return asyncio.run(run())
+
+
+def validated(model: type[M], **fields: Any) -> M:
+    """``model`` from command-line values; its first broken rule is a SpecError (exit 2, one line)."""
+    from broker.specs import first_error
+
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        raise first_error(exc) from None

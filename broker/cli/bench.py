@@ -5,6 +5,7 @@ Bad input exits with code 2 and one readable line on stderr, never a traceback.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -14,11 +15,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from broker.errors import SpecError
+from broker.errors import EXIT_BAD_INPUT, SpecError
 from broker.nccl import NcclResult, NcclRow, parse_nccl, small_message_latency_us
 from broker.probe import run_probe
-
-EXIT_BAD_INPUT = 2
 
 
 def _console() -> Console:
@@ -27,7 +26,7 @@ def _console() -> Console:
 
 
 app = typer.Typer(
-    help="Benchmark results: parse nccl-tests output, measure nodes.",
+    help="Benchmark results: parse nccl-tests output, record, list.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -36,8 +35,17 @@ app = typer.Typer(
 
 @app.callback()
 def _group() -> None:
-    """Benchmark results: parse nccl-tests output, measure nodes."""
+    """Benchmark results: parse nccl-tests output, record, list."""
     # A callback keeps this a command group even with a single command, so `parse-nccl` is always named.
+
+
+@functools.cache
+def group() -> typer.Typer:
+    """`lockstep bench`: parse-nccl from here, record/list/resume from broker/cli/burnin.py (they use the store)."""
+    from broker.cli.burnin import add_bench_commands
+
+    add_bench_commands(app)
+    return app
 
 
 def _fail(line: str) -> None:
@@ -150,7 +158,10 @@ def probe_command(
         str | None, typer.Option("--disk-dir", help="Directory for the disk test (default: the temp dir).")
     ] = None,
 ) -> None:
-    """Measure this node (host, disk; GPUs, NCCL and ECC when PyTorch and CUDA are present)."""
+    """Measure this node (GPU, memory, NCCL, disk) and print one JSON document.
+
+    Host and disk always; GPUs, NCCL and ECC when PyTorch and CUDA are present.
+    """
     doc = run_probe(quick=quick, disk_dir=disk_dir)
     if json_out:
         typer.echo(json.dumps(doc, indent=2))

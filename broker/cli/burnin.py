@@ -19,12 +19,11 @@ from broker.cli.app import get_ctx
 from broker.cli.bench import read_text
 from broker.cli.render import console
 from broker.config import Settings
-from broker.errors import NotFoundError, ProviderError, SpecError
+from broker.errors import EXIT_BAD_INPUT, LockstepError, SpecError
 from broker.models import Benchmark, Fabric
 from broker.service import Lockstep
 from providers.registry import configured
 
-EXIT_FAIL, EXIT_BAD_INPUT = 1, 2
 T = TypeVar("T")
 
 
@@ -50,10 +49,8 @@ def _run(settings: Settings, provider: str | None, fn: Callable[[Lockstep], Awai
 
     try:
         return asyncio.run(go())
-    except (SpecError, NotFoundError) as exc:
-        _fail(str(exc))
-    except ProviderError as exc:
-        _fail(str(exc), EXIT_FAIL)
+    except LockstepError as exc:
+        _fail(str(exc), exc.exit_code)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -204,6 +201,11 @@ def register(app: typer.Typer) -> None:
         bench = typer.Typer(help="Benchmark results.", no_args_is_help=True, add_completion=False,
                             pretty_exceptions_enable=False)
         app.add_typer(bench, name="bench")
+    add_bench_commands(bench)
+
+
+def add_bench_commands(bench: typer.Typer) -> None:
+    """`record`, `list` and `resume` on the `bench` group."""
     bench.command("record")(record_command)
     bench.command("list")(list_command)
     bench.command("resume")(resume_command)

@@ -7,12 +7,11 @@ from typing import Annotated
 
 import typer
 
-from broker.cli.app import app, get_ctx
+from broker.cli.app import get_ctx
 from broker.config import check_config, effective
 
 config_app = typer.Typer(help="The configuration: check a file for mistakes, show what is in effect.",
                          no_args_is_help=True)
-app.add_typer(config_app, name="config")
 
 
 @config_app.command("check")

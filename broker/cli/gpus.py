@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from broker.cli import render
-from broker.cli.app import app, get_ctx
+from broker.cli.app import get_ctx
 from broker.cli.backend import with_backend
 from broker.errors import SpecError
 from broker.gpus import resolve_request
@@ -17,7 +17,6 @@ from broker.models import GpuSummary
 MAX_REGIONS_SHOWN = 6
 
 
-@app.command("gpus")
 def gpus(
     ctx: typer.Context,
     gpu: Annotated[list[str] | None, typer.Option("--gpu", help="Only this model or family (repeatable).")] = None,

@@ -7,13 +7,12 @@ from typing import Annotated
 import typer
 
 from broker.cli import render
-from broker.cli.app import app, get_ctx
+from broker.cli.app import get_ctx
 from broker.cli.backend import Backend, with_backend
 from broker.models import Job, JobState
 from broker.specs import load_spec
 
 
-@app.command()
 def submit(
     ctx: typer.Context,
     job: Annotated[str, typer.Argument(help="Job spec file (YAML or JSON).")],
@@ -31,7 +30,7 @@ def submit(
     async def run(backend: Backend) -> Job:
         j = await backend.submit(spec.model_dump(mode="json"), idempotency_key)
         if place and not c.server:
-            await backend.svc.place_now([j.id])  # type: ignore[attr-defined]
+            await backend.place([j.id])
             j = await backend.status(j.id)
         return j
 
@@ -45,7 +44,6 @@ def submit(
         print(j.id)
 
 
-@app.command("jobs")
 def list_jobs(
     ctx: typer.Context,
     state: Annotated[
@@ -59,7 +57,6 @@ def list_jobs(
     render.emit(jobs, json_out, render.jobs_table)
 
 
-@app.command()
 def status(
     ctx: typer.Context,
     job_id: Annotated[str, typer.Argument(help="Job id.")],
@@ -71,14 +68,13 @@ def status(
     async def run(backend: Backend) -> Job:
         if not c.server:
             await backend.status(job_id)  # NotFound before touching providers
-            await backend.svc.poll_now()  # type: ignore[attr-defined]
+            await backend.poll()
         return await backend.status(job_id)
 
     j = with_backend(c, run, need_store=True)
     render.emit(j, json_out, render.job_detail)
 
 
-@app.command()
 def cancel(
     ctx: typer.Context,
     job_id: Annotated[str, typer.Argument(help="Job id.")],

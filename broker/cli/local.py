@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from broker.config import Settings
-from broker.errors import NoFeasibleOption  # noqa: F401  (re-exported for commands)
 from broker.models import GpuSummary, Job, JobState, Offer, Quote
 from broker.service import Lockstep
 from broker.specs import parse_spec
@@ -37,6 +36,12 @@ class LocalBackend:
 
     async def cancel(self, job_id: str) -> Job:
         return await self.svc.cancel(job_id)
+
+    async def place(self, job_ids: list[str]) -> None:
+        await self.svc.place_now(job_ids)
+
+    async def poll(self) -> None:
+        await self.svc.poll_now()
 
     async def aclose(self) -> None:
         await self.svc.aclose()

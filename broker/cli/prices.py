@@ -1,6 +1,6 @@
 """`lockstep prices …`: price history (table, terminal chart, PNG), spike alerts, tracking, replay.
 
-Thin: parse options, call the store / tracker / replay, render.
+Thin: parse options, call the service (broker/service/prices.py), render.
 """
 
 from __future__ import annotations
@@ -11,22 +11,26 @@ import os
 import signal
 import sys
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from broker.cli import render
 from broker.cli.app import get_ctx
+from broker.cli.backend import validated, with_service
 from broker.errors import SpecError
-from broker.models import PriceSeries, SeriesKey, as_utc, parse_duration, utcnow
-from broker.price_replay import load_records, replay
-from policies.spikes import Spike, detect_spikes
+from broker.models import PriceFilter, PriceSeries, SeriesKey, as_utc, parse_duration, utcnow
 
-app = typer.Typer(no_args_is_help=True, help="Spot price tracking: history, alerts, replay.")
+if TYPE_CHECKING:
+    from broker.service import Lockstep
+    from broker.service.prices import Replay
+    from policies.spikes import Spike
+
+app = typer.Typer(no_args_is_help=True, help="Spot price tracking: history, alerts, replay.", add_completion=False,
+                  pretty_exceptions_enable=False)
 
 CHART_SERIES = 8  # lines in one chart; more becomes unreadable
-SPIKE_STATS = ("price", "median")
 
 def parse_since(text: str, now: datetime) -> datetime:
     """'7d', '36h', '90m' back from now, or an ISO date/time; SpecError('since', …) otherwise."""
@@ -46,12 +50,6 @@ def parse_since(text: str, now: datetime) -> datetime:
     return at
 
 
-def _open_store(ctx: typer.Context) -> Any:
-    from broker.store import open_store
-
-    return open_store(get_ctx(ctx).settings.db_url)
-
-
 def series_label(key: SeriesKey) -> str:
     provider, market, sku, region, zone, stat = key
     where = zone or region
@@ -60,12 +58,6 @@ def series_label(key: SeriesKey) -> str:
         + (f" {where}" if where else "")
         + ("" if stat == "price" else f" [{stat}]")
     )
-
-
-def _spikes_of(s: PriceSeries, multiple: float, clear: float, window: int) -> list[Spike]:
-    if s.stat not in SPIKE_STATS:
-        return []
-    return detect_spikes(list(zip(s.at, s.usd_per_hour, strict=True)), multiple, clear, window)
 
 
 def _steps(s: PriceSeries, until: datetime) -> tuple[list[datetime], list[float]]:
@@ -172,18 +164,19 @@ def history(
     png: Annotated[str | None, typer.Option("--png", help="Also write a chart to this PNG file.")] = None,
 ) -> None:
     """Stored price history: a chart and a table per series (or JSON)."""
+    from policies.spikes import SPIKE_STATS
+
     now = utcnow()
     start = parse_since(since, now)
-    settings = get_ctx(ctx).settings
-    store = _open_store(ctx)
-    try:
-        series = store.price_series(gpu=gpu, provider=provider, zone=zone, since=start, stat=stat)
-    finally:
-        store.close()
-    if stat is None:
-        series = [s for s in series if s.stat in SPIKE_STATS]
-    t = settings.tracker
-    spikes = {s.key: _spikes_of(s, t.spike_multiple, t.clear_multiple, t.window) for s in series}
+    f = validated(PriceFilter, gpu=gpu, provider=provider, zone=zone, since=start, stat=stat)
+
+    async def read(svc: Lockstep) -> tuple[list[PriceSeries], dict[SeriesKey, list[Spike]]]:
+        series = await svc.price_series(f)
+        if stat is None:  # by default the stats the spike rule watches: prices and marketplace medians
+            series = [s for s in series if s.stat in SPIKE_STATS]
+        return series, svc.spikes(series)
+
+    series, spikes = with_service(get_ctx(ctx), read)
     if png:
         write_png(png, series, spikes, now, f"{gpu or 'all GPUs'}: price since {start:%Y-%m-%d %H:%M} UTC")
     if json_out:
@@ -247,11 +240,7 @@ def alerts(
 ) -> None:
     """Price spikes the tracker flagged, newest first."""
     start = parse_since(since, utcnow()) if since else None
-    store = _open_store(ctx)
-    try:
-        rows = [_alert_row(a) for a in store.alerts(open_only=open_only, since=start)]
-    finally:
-        store.close()
+    rows = [_alert_row(a) for a in with_service(get_ctx(ctx), lambda svc: svc.alerts(open_only, start))]
     if json_out:
         render.print_json(rows)
         return
@@ -296,32 +285,19 @@ def track(
 
     Exit code 1 when every market failed in a --once run.
     """
-    from broker.tracker import Tracker
-    from providers.registry import build_providers
-
-    settings = get_ctx(ctx).settings
     logging.getLogger("broker.tracker").setLevel(logging.INFO)
-    store = _open_store(ctx)
-    providers = build_providers(settings, only=provider)
-    tracker = Tracker(settings, store, providers)
 
-    async def run() -> Any:
-        try:
-            if once:
-                return await tracker.run_once()
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
-            await tracker.run_forever(stop)
-            return None
-        finally:
-            await asyncio.gather(*(p.aclose() for p in providers.values()), return_exceptions=True)
+    async def run(svc: Lockstep) -> Any:
+        if once:
+            return await svc.track_once()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await svc.track_until(stop)
+        return None
 
-    try:
-        report = asyncio.run(run())
-    finally:
-        store.close()
+    report = with_service(get_ctx(ctx), run, markets=True, only=provider)
     if report is None:
         return
     if json_out:
@@ -368,22 +344,18 @@ def replay_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print the spikes as a JSON list.")] = False,
 ) -> None:
     """Replay recorded spot prices through the spike rule and print the spikes it flags."""
-    t = get_ctx(ctx).settings.tracker
-    m = multiple if multiple is not None else t.spike_multiple
-    c = clear if clear is not None else min(t.clear_multiple, m)
-    if m <= 1.0:
-        raise SpecError("multiple", "must be above 1")
-    if not 0 < c <= m:
-        raise SpecError("clear", "must be above 0 and at most the multiple")
-    records = load_records(file)
-    spikes = replay(records, m, c, window or t.window)
+    async def run(svc: Lockstep) -> Replay:
+        return svc.replay(file, multiple, clear, window)
+
+    result = with_service(get_ctx(ctx), run)
+    records, spikes = result.records, result.spikes
     if json_out:
         render.print_json(spikes)
         return
     series = {(r.zone, r.sku, r.product) for r in records}
     render.console.print(
-        f"{len(records)} records, {len(series)} series; rule: price > {m:g}× trailing median "
-        f"of {window or t.window} points, clears below {c:g}×"
+        f"{len(records)} records, {len(series)} series; rule: price > {result.multiple:g}× trailing median "
+        f"of {result.window} points, clears below {result.clear:g}×"
     )
     if not spikes:
         render.console.print("no spikes flagged")

@@ -5,18 +5,16 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
 from broker.cli import render
-from broker.cli.app import app, get_ctx
-from broker.cli.backend import with_backend
+from broker.cli.app import get_ctx
+from broker.cli.backend import validated, with_backend
 from broker.errors import NoFeasibleOption
 from broker.models import FabricNeed, Market
-from broker.specs import first_error, load_spec
+from broker.specs import load_spec
 from policies.offers import OfferFilter
 
 
-@app.command()
 def quote(
     ctx: typer.Context,
     job: Annotated[str, typer.Argument(help="Job spec file (YAML or JSON).")],
@@ -35,7 +33,6 @@ def quote(
                                q.rejected_counts)
 
 
-@app.command()
 def offers(
     ctx: typer.Context,
     gpu: Annotated[list[str] | None, typer.Option("--gpu", help="GPU model or family (repeatable).")] = None,
@@ -49,10 +46,7 @@ def offers(
     json_out: Annotated[bool, typer.Option("--json", help="Print offers as JSON.")] = False,
 ) -> None:
     """The offer book, cheapest per GPU-hour first."""
-    try:
-        f = OfferFilter(gpu=gpu, min_gpus=min_gpus, fabric=fabric, market=market, max_price=max_price,
-                        provider=provider, region=region)
-    except ValidationError as exc:
-        raise first_error(exc) from None
+    f = validated(OfferFilter, gpu=gpu, min_gpus=min_gpus, fabric=fabric, market=market, max_price=max_price,
+                  provider=provider, region=region)
     result = with_backend(get_ctx(ctx), lambda b: b.offers(f, limit), providers=provider)
     render.emit(result, json_out, render.offers_table)

@@ -131,3 +131,16 @@ def test_drain_a_node(api: Api) -> None:
         assert missing.status_code == 404
         empty = admin.post("/v1/nodes/catalog/n1/drain", json={"reason": ""})
         assert empty.status_code == 422 and empty.json()["error"]["field"] == "reason"
+
+
+def test_tenant_and_token_rules_are_the_domain_models(api: Api) -> None:
+    with api.client(api.admin) as admin:
+        for body, field in (({"name": "kappa", "monthly_budget_usd": True}, "monthly_budget_usd"),
+                            ({"name": "kappa", "max_gpus": 1.5}, "max_gpus"),
+                            ({"name": "kappa", "colour": "red"}, "colour")):
+            r = admin.post("/v1/tenants", json=body)
+            assert r.status_code == 422 and r.json()["error"]["field"] == field, r.text
+        r = admin.post("/v1/tokens", json={"tenant": "kappa", "label": "x" * 257})
+        assert r.status_code == 422 and r.json()["error"]["field"] == "label"
+        r = admin.patch("/v1/tenants/alpha", json={"max_gpus": False})
+        assert r.status_code == 422 and r.json()["error"]["field"] == "max_gpus"

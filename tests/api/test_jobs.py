@@ -200,3 +200,22 @@ def test_price_history_and_series_serve_the_stored_points(api: Api) -> None:
             == [[20.0]]
         bad = bob.get("/v1/prices/series", params={"until": "soon"})
         assert bad.status_code == 400 and bad.json()["error"]["field"] == "until"
+
+
+def test_price_filters_are_one_model_on_both_routes(api: Api) -> None:
+    now = utcnow().replace(microsecond=0)
+    points = [PricePoint(provider="aws", market=Market.spot, sku="g6e.xlarge", gpu="L40S", region="us-west-2",
+                         zone=zone, usd_per_hour=price, at=now - timedelta(hours=hours_ago))
+              for zone, price, hours_ago in (("us-west-2a", 1.0, 3), ("us-west-2a", 1.2, 2), ("us-west-2b", 0.9, 1))]
+    with open_store(api.db_url) as store:
+        store.add_price_points(points)
+    with api.client(api.bob) as bob:
+        newest = bob.get("/v1/prices/series", params={"gpu": "L40S", "limit": 2}).json()
+        assert [(s["zone"], s["usd_per_hour"]) for s in newest] == [("us-west-2a", [1.2]), ("us-west-2b", [0.9])]
+        flat = bob.get("/v1/prices/history", params={"gpu": "L40S", "limit": 2}).json()
+        assert [p["usd_per_hour"] for p in flat] == [1.2, 0.9]
+        for path in ("/v1/prices/series", "/v1/prices/history"):
+            for params, field in (({"limit": 0}, "limit"), ({"since": "1700000000"}, "since"),
+                                  ({"market": "black"}, "market"), ({"gpu": "x" * 65}, "gpu")):
+                r = bob.get(path, params=params)
+                assert r.status_code == 400 and r.json()["error"]["field"] == field, (path, params, r.text)

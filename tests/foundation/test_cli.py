@@ -9,6 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer
+
+from broker.cli import main
+from broker.cli.app import Command, LazyGroup
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,3 +106,80 @@ def test_offers_filters(tmp_path: Path) -> None:
     for o in offers:
         assert o["gpu"].startswith("H100") and o["gpu_count"] >= 8 and o["market"] == "on_demand"
         assert o["usd_per_hour"] <= 120 and o["network"]["fabric"] in ("infiniband", "efa", "roce")
+
+
+# --------------------------------------------------------------------------- the command list and start-up
+
+_LOADED = """
+import sys
+from broker.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(" ".join(sorted(sys.modules)), file=sys.stderr)
+"""
+
+
+def loaded_modules(*args: str, tmp_path: Path) -> set[str]:
+    """Modules a real `lockstep` process has imported by the time the command is done."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
+    env["LOCKSTEP_DB"] = f"sqlite:///{tmp_path / 'cli.db'}"
+    r = subprocess.run([sys.executable, "-c", _LOADED, *args], capture_output=True, text=True, cwd=ROOT, env=env,
+                       timeout=120)
+    return set(r.stderr.strip().splitlines()[-1].split())
+
+
+def test_every_listed_command_loads_and_says_what_the_list_says() -> None:
+    from broker.cli import COMMANDS
+    from broker.cli.app import load
+
+    assert len({c.name for c in COMMANDS}) == len(COMMANDS)
+    for entry in COMMANDS:
+        command = load(entry)  # imports its module: a broken one fails here, loudly
+        assert command.name == entry.name
+        assert (command.help or "").strip().splitlines()[0] == entry.help, entry.name
+
+
+def test_help_lists_every_command_without_importing_any(tmp_path: Path) -> None:
+    from broker.cli import COMMANDS
+
+    r = lockstep("--help", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    listed = [line.split()[1] for line in r.stdout.splitlines() if line.startswith("│ ") and len(line.split()) > 2
+              and not line.split()[1].startswith("-")]
+    assert [c.name for c in COMMANDS] == [n for n in listed if n in {c.name for c in COMMANDS}]
+    loaded = loaded_modules("--help", tmp_path=tmp_path)
+    assert not {m for m in loaded if m.startswith(("broker.cli.", "broker.service", "broker.store"))} - {
+        "broker.cli.app"}
+    assert not loaded & {"numpy", "sqlalchemy", "aiohttp", "pydantic", "broker.models", "broker.config"}
+
+
+def test_a_command_imports_only_what_it_uses(tmp_path: Path) -> None:
+    quote = loaded_modules("quote", "examples/finetune-1gpu.yaml", "--json", tmp_path=tmp_path)
+    assert "broker.cli.quote" in quote and "policies.ranking" in quote
+    assert not quote & {"alembic", "aiohttp", "httpx", "broker.store", "broker.tables", "broker.cli.prices",
+                        "broker.cli.admin", "broker.cli.jobs", "matplotlib"}
+    tokens = loaded_modules("tokens", "list", tmp_path=tmp_path)
+    assert "broker.store" in tokens and "broker.service.tenants" in tokens
+    assert not tokens & {"numpy", "aiohttp", "broker.market", "broker.cli.quote", "broker.cli.prices"}
+
+
+def root_with(*entries: Command) -> typer.Typer:
+    """A root app like `lockstep`'s that lists only ``entries``."""
+    group = type("Listed", (LazyGroup,), {"commands_table": {e.name: e for e in entries}})
+    root = typer.Typer(cls=group, add_completion=False)
+    root.callback()(lambda: None)
+    return root
+
+
+def test_a_broken_command_is_listed_and_fails_loudly(capsys: pytest.CaptureFixture[str]) -> None:
+    root = root_with(Command("gone", "broker.cli.no_such_module:command", "A command whose module broke."))
+    with pytest.raises(SystemExit) as done:
+        main(["--help"], root)
+    assert done.value.code == 0 and "A command whose module broke." in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main(["gone"], root)
+    assert done.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("lockstep: internal error: ModuleNotFoundError") and len(err.strip().splitlines()) == 1

@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from broker.api.schemas import TenantCreate, TenantPatch
 from broker.errors import SpecError
-from broker.models import DataSpec, JobSpec, Workload
+from broker.models import DataSpec, JobSpec, TenantCreate, TenantPatch, Workload
 from broker.specs import MAX_DEPTH, parse_spec, parse_spec_text
 from tests.spec.conftest import Server, run_process, sqlite_json_valid, strict_json
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from datetime import timedelta
 
 import pytest
 
 from broker.errors import ConflictError, NotFoundError, SpecError
+from broker.lifecycle import JobLifecycle
 from broker.models import ALLOWED_TRANSITIONS, JobState, QuoteOption
 from broker.store import Store
 
@@ -149,15 +151,18 @@ def test_jobs_in_states(store: Store) -> None:
     assert [j.id for j in store.jobs_in_states([JobState.placing])] == ["b"]
 
 
-def test_claim_moves_oldest_pending_to_placing(store: Store) -> None:
-    for i in range(5):
-        store.create_job(job(job_id=f"c{i}", created=T0 + timedelta(seconds=i)))
-    claimed = store.claim_jobs("w1", limit=2)
-    assert [j.id for j in claimed] == ["c0", "c1"]
-    assert all(j.state is JobState.placing for j in claimed)
-    assert claimed[0].events[-1].data == {"worker": "w1"}
-    assert [j.id for j in store.claim_jobs("w2", limit=10)] == ["c2", "c3", "c4"]
-    assert store.claim_jobs("w3") == []
+def claim(s: Store, job_id: str, worker: str) -> bool:
+    """How a broker claims a job (JobLifecycle.claim): pending → placing under the job's row lock."""
+    return asyncio.run(JobLifecycle(s).claim(job_id, worker)) is not None
+
+
+def test_claim_moves_a_pending_job_to_placing_once(store: Store) -> None:
+    store.create_job(job(job_id="c0", created=T0))
+    assert claim(store, "c0", "w1")
+    j = store.get_job("c0")
+    assert j.state is JobState.placing and j.events[-1].data == {"worker": "w1"}
+    assert not claim(store, "c0", "w2")  # already claimed: the second worker gets nothing
+    assert store.get_job("c0").events[-1].data == {"worker": "w1"}
 
 
 def test_claim_from_two_threads_never_overlaps(store: Store) -> None:
@@ -170,8 +175,9 @@ def test_claim_from_two_threads_never_overlaps(store: Store) -> None:
 
     def worker(name: str, s: Store) -> None:
         barrier.wait()
-        while batch := s.claim_jobs(name, limit=3):
-            got[name].extend(j.id for j in batch)
+        for j in s.jobs_in_states([JobState.pending]):
+            if claim(s, j.id, name):
+                got[name].append(j.id)
 
     threads = [threading.Thread(target=worker, args=("a", store)), threading.Thread(target=worker, args=("b", other))]
     for t in threads:
@@ -216,3 +222,20 @@ def test_concurrent_same_idempotency_key_creates_one_job(store: Store) -> None:
     assert sorted(c for _, c in results) == [False, True]
     assert len({jid for jid, _ in results}) == 1
     assert len(store.list_jobs(tenant="acme")[0]) == 1
+
+
+def test_rows_with_null_json_read_back_as_empty(store: Store) -> None:
+    """Collections a row may hold as NULL (an older writer, a hand edit) read back empty, never None."""
+    from broker.models import Allocation
+
+    store.create_job(job(job_id="n"))
+    store.add_allocation(Allocation(id="a-n", job_id="n", provider="aws"))
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE jobs SET decision = NULL")
+        conn.exec_driver_sql("UPDATE job_events SET data = NULL")
+        conn.exec_driver_sql("UPDATE allocations SET resource_ids = NULL, attrs = NULL")
+    j = store.get_job("n")
+    assert j.decision == {} and j.events[0].data == {}
+    a = store.get_allocation("a-n")
+    assert a.resource_ids == [] and a.attrs == {}
+    assert store.find_allocation("aws", "i-123") is None

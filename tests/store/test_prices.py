@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from pydantic import ValidationError
 
-from broker import price_store
-from broker.models import Market, PricePoint
+from broker.models import Market, PriceFilter, PricePoint
 from broker.store import Store
+from broker.store import prices as price_store
 
 from .helpers import T0
 
@@ -154,3 +155,28 @@ def test_a_series_keeps_its_newest_point_and_gpu_after_pruning(store: Store) -> 
     assert latest is not None and (latest.usd_per_hour, latest.gpu) == (3.0, "H100-SXM-renamed")
     assert store.add_price_points([_p(3.0, 180)]) == 0  # still deduplicated against it
     assert store.add_price_points([_p(4.0, 180)]) == 1
+
+
+def test_one_price_filter_or_its_fields_as_keywords(store: Store) -> None:
+    store.add_price_points([
+        _p(10.0, 0), _p(11.0, 60), _p(12.0, 120), _p(9.0, 30, zone="us-east-1b"),
+        _p(3.0, 30, sku="h100nvl", gpu="H100-NVL", provider="vast", region="", zone="", market=Market.on_demand),
+    ])
+    f = PriceFilter(gpu="H100", market=Market.spot, since=T0 + timedelta(minutes=30), limit=2)
+    assert store.price_history(f) == store.price_history(gpu="H100", market="spot", since=f.since, limit=2)
+    assert [(p.zone, p.usd_per_hour) for p in store.price_history(f)] == [("us-east-1a", 11.0), ("us-east-1a", 12.0)]
+    with pytest.raises(TypeError):
+        store.price_history(f, gpu="A100")
+    with pytest.raises(ValidationError):
+        store.price_history(colour="red")  # every field is PriceFilter's, checked like any other input
+    with pytest.raises(ValidationError):
+        PriceFilter(since="1700000000")  # times are ISO 8601, never a bare number
+
+
+def test_series_limit_keeps_the_newest_points_across_series(store: Store) -> None:
+    store.add_price_points([_p(10.0, 0), _p(11.0, 60), _p(12.0, 120), _p(9.0, 30, zone="us-east-1b"),
+                            _p(8.0, 90, zone="us-east-1b")])
+    newest = store.price_series(PriceFilter(gpu="H100", limit=3))
+    assert [(s.zone, s.usd_per_hour) for s in newest] == [("us-east-1a", [11.0, 12.0]), ("us-east-1b", [8.0])]
+    flat = store.price_history(PriceFilter(gpu="H100", limit=3))
+    assert sorted(p.at for s in newest for p in s.points()) == [p.at for p in flat]

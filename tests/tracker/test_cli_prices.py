@@ -127,3 +127,32 @@ async def test_track_once_then_history_chart_and_alerts(tmp_path: Path, vast_api
     rc, out, err = await lockstep("prices", "history", "--gpu", "RTX-4090", "--since", "1d", "--json", db=db)
     points = json.loads(out)
     assert rc == 0 and {p["stat"] for p in points} == {"median"} and len(points) == 4  # 2 markets × 2 runs
+
+
+def test_history_shows_the_spikes_the_tracker_flags(tmp_path: Path, capsys, monkeypatch) -> None:
+    """One spike rule: a spot series that triples is flagged; the same jump in a reserved rate (configuration,
+    not a market) is not, in the chart's table as in the tracker's alerts."""
+    from datetime import timedelta
+
+    from broker import tracker
+    from broker.models import Market, PricePoint, utcnow
+    from broker.store import open_store
+    from policies import spikes
+
+    assert (tracker.SPIKE_MARKETS, tracker.SPIKE_STATS) == (spikes.SPIKE_MARKETS, spikes.SPIKE_STATS)
+    db = tmp_path / "l.db"
+    now = utcnow()
+    points = [
+        PricePoint(provider="aws", market=market, sku="p5.48xlarge", gpu="H100-SXM", region="us-east-1",
+                   zone="us-east-1a", usd_per_hour=price, at=now - timedelta(hours=10 - i))
+        for market in (Market.spot, Market.reserved)
+        for i, price in enumerate([10.0, 10.5, 10.0, 10.2, 30.0, 31.0, 10.0])
+    ]
+    with open_store(f"sqlite:///{db}") as store:
+        store.add_price_points(points)
+    monkeypatch.setenv("NO_COLOR", "1")
+    rc, out, err = run_main(capsys, monkeypatch, db, "prices", "history", "--gpu", "H100", "--since", "1d")
+    assert rc == 0, err
+    rows = {cells[0]: cells[-1] for line in out.splitlines() if line.startswith("│ aws ")
+            for cells in [[c.strip() for c in line.strip()[1:-1].split("│")]]}
+    assert rows == {"aws reserved p5.48xlarge us-east-1a": "", "aws spot p5.48xlarge us-east-1a": "1"}

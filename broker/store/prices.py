@@ -1,8 +1,7 @@
-"""Price history in the store: series, their points, and each series' newest point.
+"""Prices in the store: series, their points, each series' newest point, and the spike alerts on them.
 
-:class:`PriceStore` is the price half of :class:`broker.store.Store` (which mixes it
-in and provides the engine and transactions). Layout, chosen for bulk ingest and
-"one GPU model over a window" reads (see broker/tables.py and migration 0004):
+:class:`PriceStore` is the price aggregate of :class:`broker.store.Store`. Layout, chosen for bulk
+ingest and "one GPU model over a window" reads (see broker/tables.py and migration 0004):
 
 - ``price_series``: one row per (provider, market, sku, region, zone, stat) with its
   GPU model and newest stored point;
@@ -16,21 +15,23 @@ it is not stored again, so a price is valid until the next point of its series.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager
+import json
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from broker.errors import StoreError
+from broker.errors import NotFoundError, StoreError
 from broker.gpus import FAMILIES, GPU_SPECS
-from broker.models import Market, PricePoint, PriceSeries
-from broker.tables import PricePointRow, PriceSeriesRow
+from broker.models import Market, PriceFilter, PricePoint, PriceSeries, PriceSeriesKey
+from broker.store.engine import Database
+from broker.tables import PricePointRow, PriceSeriesRow, SpikeAlertRow, table_of
 
-POINTS: sa.Table = PricePointRow.__table__  # type: ignore[attr-defined]
-SERIES: sa.Table = PriceSeriesRow.__table__  # type: ignore[attr-defined]
+POINTS = table_of(PricePointRow)
+SERIES = table_of(PriceSeriesRow)
+ALERTS = table_of(SpikeAlertRow)
 
 SERIES_KEYS: tuple[str, ...] = ("provider", "market", "sku", "region", "zone", "stat")
 PRICE_BATCH = 5000
@@ -39,7 +40,6 @@ _US = timedelta(microseconds=1)
 # Above this many series a read scans the points instead of naming every series id
 # (SQLite allows 32,766 parameters in a statement, psycopg 65,535).
 _MAX_IDS = 10_000
-_MARKETS: dict[str, Market] = {m.value: m for m in Market}
 _MARKET_VALUES: dict[str, str] = {m.value: m.value for m in Market}  # Market members hash as their value
 _SERIES_COLS = (SERIES.c.id, *(SERIES.c[k] for k in SERIES_KEYS), SERIES.c.gpu)
 _LATEST_COLS = (*_SERIES_COLS, SERIES.c.last_at, SERIES.c.last_usd, SERIES.c.last_count)
@@ -68,13 +68,8 @@ def gpu_names(gpu: str) -> list[str]:
     return sorted(names)
 
 
-class PriceStore:
-    """Price methods of :class:`broker.store.Store`; the store provides the attributes below."""
-
-    is_sqlite: bool
-    _tx: Callable[..., AbstractContextManager[Connection]]
-    _insert_fn: Callable[[], Any]
-    _serialise: Callable[[Connection, str], None]
+class PriceStore(Database):
+    """Price history and spike alerts."""
 
     # ------------------------------------------------------------------ writing
 
@@ -207,10 +202,11 @@ class PriceStore:
     # ------------------------------------------------------------------ reading history
 
     @staticmethod
-    def _series_conditions(gpu: str | None, filters: dict[str, str | None]) -> list[Any]:
-        """WHERE conditions on price_series for a GPU (model, family or prefix) and column filters."""
-        conds: list[Any] = [SERIES.c.gpu.in_(gpu_names(gpu))] if gpu else []
-        conds += [SERIES.c[col] == value for col, value in filters.items() if value is not None]
+    def _series_conditions(f: PriceFilter) -> list[Any]:
+        """WHERE conditions on price_series for a GPU (model, family or prefix) and the key columns."""
+        conds: list[Any] = [SERIES.c.gpu.in_(gpu_names(f.gpu))] if f.gpu else []
+        keys = f.model_dump(mode="json", include=set(SERIES_KEYS), exclude_none=True)
+        conds += [SERIES.c[col] == value for col, value in keys.items()]
         return conds
 
     def _points(
@@ -236,23 +232,16 @@ class PriceStore:
             q = q.limit(limit)
         return conn.execute(q).all()  # fetchall: row-by-row fetchone cost more than the query
 
-    def _read(
-        self,
-        gpu: str | None,
-        filters: dict[str, str | None],
-        since: datetime | None,
-        until: datetime | None,
-        order: tuple[Any, ...],
-        limit: int | None = None,
-    ) -> tuple[dict[int, Any], list[Any]]:
-        """Matching series (rows by id) and their points, in one read transaction.
+    def _read(self, f: PriceFilter, order: tuple[Any, ...]) -> tuple[dict[int, Any], list[Any]]:
+        """Matching series (rows by id) and their points (the newest ``f.limit`` when set), in one
+        read transaction.
 
         Up to ``_MAX_IDS`` series the points query names their ids, so each series is a range
         scan of the primary key; past that it selects them by a subquery with the same filters
         (or, with none, scans all points). Points of a series created after the series were read
         (PostgreSQL reads each statement at its own snapshot) are left out.
         """
-        conds = self._series_conditions(gpu, filters)
+        conds = self._series_conditions(f)
         with self._tx(write=False) as conn:
             series = {row[0]: row for row in conn.execute(sa.select(*_SERIES_COLS).where(*conds)).all()}
             if not series:
@@ -261,75 +250,38 @@ class PriceStore:
                 which: Any = sorted(series)
             else:
                 which = sa.select(SERIES.c.id).where(*conds) if conds else None
-            rows = self._points(conn, which, since, until, order, limit)
+            rows = self._points(conn, which, f.since, f.until, order, f.limit)
         if len(series) > _MAX_IDS:
             rows = [r for r in rows if r[0] in series]
         return series, rows
 
-    @staticmethod
-    def _filters(
-        sku: str | None,
-        provider: str | None,
-        market: Market | str | None,
-        zone: str | None,
-        region: str | None,
-        stat: str | None,
-    ) -> dict[str, str | None]:
-        return {
-            "sku": sku,
-            "provider": provider,
-            "market": Market(market).value if market is not None else None,
-            "zone": zone,
-            "region": region,
-            "stat": stat,
-        }
-
-    def price_history(
-        self,
-        gpu: str | None = None,
-        sku: str | None = None,
-        provider: str | None = None,
-        market: Market | str | None = None,
-        zone: str | None = None,
-        region: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        stat: str | None = None,
-        limit: int | None = None,
-    ) -> list[PricePoint]:
-        """Stored points matching the filters, oldest first (ties by series); ``limit`` keeps the
-        newest ``limit``. ``gpu`` matches a canonical model, a family ("H100") or a prefix."""
-        filters = self._filters(sku, provider, market, zone, region, stat)
-        if limit is None:
+    def price_history(self, f: PriceFilter | None = None, /, **filters: Any) -> list[PricePoint]:
+        """Stored points matching ``f``, oldest first (ties by series); ``f.limit`` keeps the newest.
+        Its fields may be given as keywords instead: ``price_history(provider="aws", stat="price")``."""
+        f = _filter(f, filters)
+        if f.limit is None:
             order: tuple[Any, ...] = (POINTS.c.at_us, POINTS.c.series_id)
         else:
             order = (POINTS.c.at_us.desc(), POINTS.c.series_id.desc())
-        series, rows = self._read(gpu, filters, since, until, order, limit)
+        series, rows = self._read(f, order)
         keys = {sid: _key_fields(row) for sid, row in series.items()}
         out = [
             PricePoint(**keys[sid], usd_per_hour=usd, count=count, at=from_us(at_us))
             for sid, at_us, usd, count in rows
         ]
-        if limit is not None:
+        if f.limit is not None:
             out.reverse()
         return out
 
-    def price_series(
-        self,
-        gpu: str | None = None,
-        sku: str | None = None,
-        provider: str | None = None,
-        market: Market | str | None = None,
-        zone: str | None = None,
-        region: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        stat: str | None = None,
-    ) -> list[PriceSeries]:
+    def price_series(self, f: PriceFilter | None = None, /, **filters: Any) -> list[PriceSeries]:
         """The same points as :meth:`price_history`, one :class:`PriceSeries` (columns) per series
         with points in the window, in series-key order. The read path for charts and the API."""
-        filters = self._filters(sku, provider, market, zone, region, stat)
-        series, rows = self._read(gpu, filters, since, until, (POINTS.c.series_id, POINTS.c.at_us))
+        f = _filter(f, filters)
+        if f.limit is None:
+            series, rows = self._read(f, (POINTS.c.series_id, POINTS.c.at_us))
+        else:  # the newest points, then back in series order
+            series, rows = self._read(f, (POINTS.c.at_us.desc(), POINTS.c.series_id.desc()))
+            rows.sort(key=lambda r: (r[0], r[1]))
         out: list[PriceSeries] = []
         for sid, group in _runs(rows):
             out.append(
@@ -375,18 +327,63 @@ class PriceStore:
             return conn.execute(POINTS.delete().where(POINTS.c.at_us < to_us(older_than))).rowcount or 0
 
 
+    # ------------------------------------------------------------------ spike alerts
+
+    def add_alert(self, series: dict[str, Any], start: datetime, peak: float, baseline: float) -> int:
+        with self._tx() as conn:
+            res = conn.execute(
+                ALERTS.insert().values(
+                    series=json.loads(json.dumps(series, default=str)),
+                    start=start,
+                    peak=peak,
+                    baseline=baseline,
+                )
+            )
+            return int(res.inserted_primary_key[0])
+
+    def update_alert(self, alert_id: int, *, peak: float | None = None, end: datetime | None = None) -> None:
+        """Raise an alert's peak (never lowers it) and/or close it at ``end``."""
+        values: dict[str, Any] = {}
+        if peak is not None:
+            values["peak"] = sa.case((ALERTS.c.peak < peak, peak), else_=ALERTS.c.peak)
+        if end is not None:
+            values["end"] = end
+        q = ALERTS.update().where(ALERTS.c.id == alert_id)
+        with self._tx() as conn:
+            if values:
+                n = conn.execute(q.values(**values)).rowcount
+            else:
+                n = len(conn.execute(sa.select(ALERTS.c.id).where(ALERTS.c.id == alert_id)).all())
+        if not n:
+            raise NotFoundError(f"alert {alert_id} not found")
+
+    def alerts(self, open_only: bool = False, since: datetime | None = None) -> list[dict[str, Any]]:
+        """Alerts newest first, as dicts (id, series, start, end, peak, baseline).
+
+        ``since`` keeps alerts active at or after that time (started since, or ended since, or open).
+        """
+        q = sa.select(ALERTS)
+        if open_only:
+            q = q.where(ALERTS.c.end.is_(None))
+        if since is not None:
+            q = q.where(sa.or_(ALERTS.c.start >= since, ALERTS.c.end.is_(None), ALERTS.c.end >= since))
+        with self._tx(write=False) as conn:
+            rows = conn.execute(q.order_by(ALERTS.c.start.desc(), ALERTS.c.id.desc())).mappings()
+            return [dict(r) for r in rows]
+
+
+def _filter(f: PriceFilter | None, fields: dict[str, Any]) -> PriceFilter:
+    """``f``, or a PriceFilter of the keyword fields (validated like any other)."""
+    if fields:
+        if f is not None:
+            raise TypeError("give a PriceFilter or its fields as keywords, not both")
+        return PriceFilter(**fields)
+    return f or PriceFilter()
+
+
 def _key_fields(row: Any) -> dict[str, Any]:
     """PriceSeriesKey fields of a price_series row (``_SERIES_COLS`` first)."""
-    _id, provider, market, sku, region, zone, stat, gpu = row[:8]
-    return {
-        "provider": provider,
-        "market": _MARKETS[market],
-        "sku": sku,
-        "gpu": gpu,
-        "region": region,
-        "zone": zone,
-        "stat": stat,
-    }
+    return dict(PriceSeriesKey.model_validate(row, from_attributes=True))
 
 
 def _runs(rows: list[Any]) -> Iterator[tuple[int, list[Any]]]:

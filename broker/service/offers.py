@@ -1,0 +1,47 @@
+"""Offers and quotes: what the market has, and what a job would cost where, with the reasons."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from broker.models import GpuSummary, JobSpec, Offer, Quote
+from broker.service.runtime import Runtime
+
+if TYPE_CHECKING:
+    from broker.market import ProviderHealth
+    from policies.offers import OfferFilter
+
+
+class OffersService(Runtime):
+    async def quote(self, spec: JobSpec, *, top: int = 10, max_rejected: int | None = None) -> Quote:
+        """Ranked options for ``spec`` with the reason for every rejected offer."""
+        from policies.ranking import quote as rank_quote
+
+        await self.ensure_offers()
+        unhealthy = await self.unhealthy_nodes()
+        started = time.perf_counter()
+        book = self.market.book(unhealthy_hosts=unhealthy, preemption_rates=self.preemption_rates())
+        result = rank_quote(book, spec, now=self.clock(), top=top, max_rejected=max_rejected)
+        if self.quote_observer:
+            self.quote_observer(time.perf_counter() - started)
+        return result
+
+    async def offers(self, f: OfferFilter, limit: int | None = None) -> list[Offer]:
+        """The offer book narrowed by ``f``, cheapest per GPU-hour first."""
+        from policies.offers import select
+
+        await self.ensure_offers()
+        return select(self.market.offers(), f, limit)
+
+    async def gpus(self, models: list[str] | None = None) -> list[GpuSummary]:
+        """Per GPU model in the current book: markets, regions, units and $/GPU-hour ranges."""
+        from policies.offers import gpu_summary
+
+        await self.ensure_offers()
+        book = self.market.book(unhealthy_hosts=await self.unhealthy_nodes(),
+                                preemption_rates=self.preemption_rates())
+        return gpu_summary(book, models)
+
+    def providers_health(self) -> dict[str, ProviderHealth]:
+        return self.market.health()

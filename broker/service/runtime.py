@@ -1,0 +1,182 @@
+"""What every operation of the service stands on: settings, clock, store, market, the background loops.
+
+:class:`Runtime` is the base of each domain's operations (``broker.service.jobs``, ``offers``, …) and so
+of the :class:`~broker.service.Lockstep` facade. The store and the market are opened on first use, so a
+command that only reads tenants never loads the offer book (or numpy), and one that only quotes never
+opens the database. Blocking store calls run in a worker thread (:meth:`Runtime.db`) so the event loop
+(API, broker loops) never waits on the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
+
+from broker.config import Settings
+from broker.models import utcnow
+from providers.base import Provider
+from providers.registry import build_providers
+
+if TYPE_CHECKING:
+    from broker.loops import BrokerLoops
+    from broker.market import Marketplace, ProviderHealth
+    from broker.service import Lockstep
+    from broker.store import Store
+    from broker.tracker import Tracker
+
+log = logging.getLogger(__name__)
+
+UNHEALTHY_CACHE_S = 1.0
+
+
+def new_job_id() -> str:
+    """Time-ordered, unguessable: 'j' + milliseconds (hex) + 8 random hex digits."""
+    return f"j{int(time.time() * 1000):011x}{secrets.token_hex(4)}"
+
+
+class Runtime:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        providers: dict[str, Provider] | None = None,
+        only_providers: list[str] | None = None,
+        store: Store | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        if providers is None:
+            providers = build_providers(settings, only=only_providers)
+        self._providers = providers
+        self._market: Marketplace | None = None
+        self._store = store
+        self.quote_observer: Callable[[float], None] | None = None  # metrics hook
+        self.job_submitted = asyncio.Event()  # wakes the placement loop early
+        self.placement_observer: Callable[[str, str], None] | None = None  # metrics hook: (provider, outcome)
+        self._broker: BrokerLoops | None = None
+        self._preemption_rates: dict[tuple[str, str, str], float] = {}
+        self._background: list[asyncio.Task[None]] = []
+        self._stop_tracker: asyncio.Event | None = None
+        self._tracker: Tracker | None = None
+        self._unhealthy_cache: tuple[float, dict[tuple[str, str], str]] | None = None
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            from broker.store import Store
+
+            self._store = Store(self.settings.db_url)
+            self._store.migrate()
+        return self._store
+
+    @property
+    def has_store(self) -> bool:
+        return self._store is not None
+
+    @property
+    def market(self) -> Marketplace:
+        """The offer book over this service's providers."""
+        if self._market is None:
+            from broker.market import Marketplace
+
+            self._market = Marketplace(self._providers, timeout_s=self.settings.broker.provider_timeout_s,
+                                       clock=self.clock, after_refresh=self._after_refresh)
+        return self._market
+
+    async def open_store(self) -> None:
+        """Open (and migrate) the store now, off the event loop, rather than on its first use."""
+        await self.db(lambda: self.store)
+
+    async def db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run a blocking store call off the event loop."""
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def aclose(self) -> None:
+        if self._market is not None:
+            await self.market.aclose()
+        else:  # the book was never opened: close the providers themselves
+            await asyncio.gather(*(p.aclose() for p in self._providers.values()), return_exceptions=True)
+        if self._store is not None:
+            self._store.close()
+
+    async def refresh(self) -> dict[str, ProviderHealth]:
+        return await self.market.refresh()
+
+    async def ensure_offers(self) -> None:
+        if self.market.refreshed_at is None:
+            await self.market.refresh()
+
+    async def unhealthy_nodes(self) -> dict[tuple[str, str], str]:
+        """Nodes marked unhealthy, cached for a second: a quote must not pay a database round trip.
+
+        A drain through this service clears the cache at once; other writers are seen within a second.
+        """
+        if self._store is None:
+            return {}
+        now = time.monotonic()
+        if self._unhealthy_cache is None or now >= self._unhealthy_cache[0]:
+            self._unhealthy_cache = (now + UNHEALTHY_CACHE_S, await self.db(self._store.unhealthy_nodes))
+        return self._unhealthy_cache[1]
+
+    # ------------------------------------------------------------------ the background loops
+    @property
+    def broker(self) -> BrokerLoops:
+        """The placement and polling engine over this service's store and market."""
+        if self._broker is None:
+            from broker.burnin import collect_burnin, job_stem
+            from broker.loops import BrokerLoops
+
+            service = cast("Lockstep", self)  # a Runtime is only ever the base of Lockstep
+            self._broker = BrokerLoops(
+                self.settings, self.store, self.market, clock=self.clock, preemption_rates=self.preemption_rates,
+                on_placed=self.placement_observer, wake=self.job_submitted,
+                burn_in=lambda job, alloc: collect_burnin(service.burnin, alloc.provider,
+                                                          job_stem(job.id, alloc.attempt)))
+        return self._broker
+
+    @property
+    def tracker(self) -> Tracker:
+        """The price tracker over this service's store and providers."""
+        if self._tracker is None:
+            from broker.tracker import Tracker
+
+            self._tracker = Tracker(self.settings, self.store, self._providers, clock=self.clock)
+        return self._tracker
+
+    def preemption_rates(self) -> dict[tuple[str, str, str], float]:
+        """Observed preemptions per hour by (provider, zone, sku); the tracker fills it when running."""
+        return dict(self._preemption_rates)
+
+    async def start(self) -> None:
+        """Start the broker loops: reconcile, then refresh / place / poll, and the price tracker."""
+        await self.broker.start()
+        self._stop_tracker = asyncio.Event()
+        self._background = [asyncio.create_task(self.tracker.run_forever(self._stop_tracker))]
+
+    async def stop(self) -> None:
+        if self._stop_tracker is not None:
+            self._stop_tracker.set()
+        for t in self._background:
+            t.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self._broker is not None:
+            await self._broker.stop()
+
+    async def _after_refresh(self) -> None:
+        """After each market refresh: measured performance and spot risk from the store."""
+        if self._store is None:
+            return
+        from broker.tracker import load_preemption_rates
+        from policies.health import perf_from_benchmark
+
+        benches = await self.db(self._store.benchmarks)
+        self.market.measured = {(b.provider, b.target): perf_from_benchmark(b, b.gpu or None)
+                                for b in benches if b.healthy}
+        self._preemption_rates = await self.db(load_preemption_rates, self._store, self.clock())

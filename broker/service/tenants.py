@@ -1,0 +1,50 @@
+"""Tenants and API tokens: who may call, for whom, and under which caps. The CLI (on the store) and the
+API (admin routes) both come here; the request models carry the rules (broker/models.py)."""
+
+from __future__ import annotations
+
+import logging
+
+from broker.errors import NotFoundError
+from broker.models import Tenant, TenantCreate, TenantPatch, TokenCreate, TokenInfo
+from broker.service.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+class TenantsService(Runtime):
+    # ------------------------------------------------------------------ tenants
+    async def create_tenant(self, body: TenantCreate) -> Tenant:
+        return await self.db(self.store.create_tenant, Tenant(**body.model_dump()))
+
+    async def list_tenants(self) -> list[Tenant]:
+        return await self.db(self.store.list_tenants)
+
+    async def get_tenant(self, name: str, scope: str | None = None) -> Tenant:
+        """One tenant; with ``scope`` (the caller's own tenant, for a non-admin) any other is not found:
+        another tenant's caps are not a user's business."""
+        if scope is not None and scope != name:
+            raise NotFoundError(f"tenant {name} not found")
+        return await self.db(self.store.get_tenant, name)
+
+    async def update_tenant(self, name: str, patch: TenantPatch) -> Tenant:
+        """Set the caps ``patch`` names (the fields it was given; None clears a cap)."""
+        return await self.db(self.store.update_tenant, name, **patch.model_dump(exclude_unset=True))
+
+    # ------------------------------------------------------------------ tokens
+    async def create_token(self, body: TokenCreate) -> tuple[TokenInfo, str]:
+        """A new token (its tenant created if new) and its plaintext, which is never shown again."""
+        info, plaintext = await self.db(self.store.create_token, body.tenant, body.role, body.label)
+        log.info("token %s created for tenant %s (role %s)", info.id, info.tenant, info.role.value)
+        return info, plaintext
+
+    async def list_tokens(self, tenant: str | None = None) -> list[TokenInfo]:
+        return await self.db(self.store.list_tokens, tenant)
+
+    async def revoke_token(self, token_id: str) -> None:
+        await self.db(self.store.revoke_token, token_id)
+        log.info("token %s revoked", token_id)
+
+    async def verify_token(self, plaintext: str) -> TokenInfo | None:
+        """The token's tenant and role, or None when it is unknown or revoked."""
+        return await self.db(self.store.verify_token, plaintext)

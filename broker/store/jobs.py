@@ -1,0 +1,489 @@
+"""Jobs and allocations in the store: jobs with their events and idempotency keys, the allocations
+providers handed out for them, and what they cost (spend, GPUs held, usage).
+
+Rows become :class:`~broker.models.Job`, :class:`~broker.models.JobEvent` and
+:class:`~broker.models.Allocation` through ``model_validate(row, from_attributes=True)``: the table
+columns carry the models' field names (broker/tables.py), so there is no mapper to keep in step.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Row
+
+from broker.errors import ConflictError, NotFoundError, SpecError, StoreError
+from broker.models import (
+    ALLOWED_TRANSITIONS,
+    Allocation,
+    AllocationState,
+    Job,
+    JobEvent,
+    JobState,
+    QuoteOption,
+    as_utc,
+    utcnow,
+)
+from broker.store.engine import Database
+from broker.tables import LIVE_ALLOCATION_STATES, AllocationRow, IdempotencyKeyRow, JobEventRow, JobRow, table_of
+
+JOBS = table_of(JobRow)
+EVENTS = table_of(JobEventRow)
+ALLOCS = table_of(AllocationRow)
+IDEM = table_of(IdempotencyKeyRow)
+
+# Job fields that transition()/update_job() may set besides the state.
+JOB_FIELDS: frozenset[str] = frozenset(
+    {
+        "placement",
+        "attempts",
+        "preemptions",
+        "decision",
+        "spent_usd",
+        "deadline",
+        "claimed_by",
+        "claimed_at",
+        "reason",
+    }
+)
+ALLOCATION_FIELDS: frozenset[str] = frozenset(
+    {
+        "state",
+        "resource_ids",
+        "reason",
+        "attrs",
+        "region",
+        "zone",
+        "usd_per_hour",
+        "offer_id",
+        "client_token",
+        "nodes",
+        "attempt",
+    }
+)
+LIVE_STATES: tuple[AllocationState, ...] = tuple(AllocationState(s) for s in LIVE_ALLOCATION_STATES)
+# Allocations that cost money while they last (for spend accrual).
+BILLING_STATES: tuple[str, ...] = (AllocationState.pending.value, AllocationState.running.value)
+
+
+def _job(row: Row[Any], events: list[JobEvent] | None = None) -> Job:
+    job = Job.model_validate(row, from_attributes=True)
+    if events:
+        job.events = events
+    return job
+
+
+def _alloc(row: Row[Any]) -> Allocation:
+    return Allocation.model_validate(row, from_attributes=True)
+
+
+class JobStore(Database):
+    """Jobs, their events and allocations; spend and usage."""
+
+    # ------------------------------------------------------------------ jobs: rows
+
+    @staticmethod
+    def _job_values(fields: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(fields) - JOB_FIELDS
+        if unknown:
+            raise StoreError(f"not job fields: {', '.join(sorted(unknown))}")
+        out = dict(fields)
+        if "placement" in out:
+            p = out["placement"]
+            if isinstance(p, QuoteOption):
+                out["placement"] = p.model_dump(mode="json")
+            elif p is not None:
+                out["placement"] = QuoteOption.model_validate(p).model_dump(mode="json")
+        if "decision" in out:
+            out["decision"] = json.loads(json.dumps(out["decision"] or {}, default=str))
+        return out
+
+    def _events_in(self, conn: Connection, job_id: str) -> list[JobEvent]:
+        rows = conn.execute(sa.select(EVENTS).where(EVENTS.c.job_id == job_id).order_by(EVENTS.c.id))
+        return [JobEvent.model_validate(r, from_attributes=True) for r in rows]
+
+    def _insert_event(
+        self,
+        conn: Connection,
+        job_id: str,
+        from_state: JobState | None,
+        to_state: JobState,
+        reason: str,
+        data: dict[str, Any] | None,
+        at: datetime,
+    ) -> None:
+        conn.execute(
+            EVENTS.insert().values(
+                job_id=job_id,
+                at=at,
+                from_state=from_state.value if from_state else None,
+                to_state=to_state.value,
+                reason=reason,
+                data=json.loads(json.dumps(data or {}, default=str)),
+            )
+        )
+
+    def _job_row(self, conn: Connection, job_id: str, lock: bool = False) -> Row[Any]:
+        q = sa.select(JOBS).where(JOBS.c.id == job_id)
+        if lock and not self.is_sqlite:
+            q = q.with_for_update()
+        row = conn.execute(q).first()
+        if row is None:
+            raise NotFoundError(f"job {job_id} not found")
+        return row
+
+    def _full_job(self, conn: Connection, job_id: str) -> Job:
+        return _job(self._job_row(conn, job_id), self._events_in(conn, job_id))
+
+    # ------------------------------------------------------------------ jobs
+
+    def create_job(self, job: Job, idempotency_key: str | None = None) -> tuple[Job, bool]:
+        """Store a new job and its first event; returns (job, created).
+
+        With an idempotency key (scoped to the tenant), a repeat with the same spec
+        returns the existing job and False; the same key with another spec is a
+        ConflictError.
+        """
+        fingerprint = job.spec.fingerprint()
+        try:
+            with self._tx() as conn:
+                if idempotency_key:
+                    existing = self._idem_lookup(conn, job.tenant, idempotency_key, fingerprint)
+                    if existing is not None:
+                        return existing, False
+                self._insert_job(conn, job, fingerprint, idempotency_key)
+                return self._full_job(conn, job.id), True
+        except sa.exc.IntegrityError as exc:
+            # Lost a race on the same key (PostgreSQL), or the job id exists.
+            if idempotency_key:
+                with self._tx(write=False) as conn:
+                    existing = self._idem_lookup(conn, job.tenant, idempotency_key, fingerprint)
+                    if existing is not None:
+                        return existing, False
+            raise ConflictError(f"job {job.id} already exists") from exc
+
+    def _idem_lookup(self, conn: Connection, tenant: str, key: str, fingerprint: str) -> Job | None:
+        row = conn.execute(sa.select(IDEM).where(IDEM.c.tenant == tenant, IDEM.c.key == key)).first()
+        if row is None:
+            return None
+        if row.fingerprint != fingerprint:
+            raise ConflictError("idempotency key already used for a different job spec")
+        return self._full_job(conn, row.job_id)
+
+    def _insert_job(self, conn: Connection, job: Job, fingerprint: str, key: str | None) -> None:
+        deadline = job.deadline or job.spec.deadline_at(job.created_at)
+        conn.execute(
+            JOBS.insert().values(
+                id=job.id,
+                tenant=job.tenant,
+                state=job.state.value,
+                reason=job.reason,
+                spec=job.spec.model_dump(mode="json"),
+                fingerprint=fingerprint,
+                placement=job.placement.model_dump(mode="json") if job.placement else None,
+                decision=json.loads(json.dumps(job.decision, default=str)),
+                gpus=job.spec.gpus,
+                created_at=job.created_at,
+                updated_at=job.updated_at,
+                deadline=deadline,
+                attempts=job.attempts,
+                preemptions=job.preemptions,
+                spent_usd=job.spent_usd,
+            )
+        )
+        self._insert_event(conn, job.id, None, job.state, job.reason or "submitted", None, job.created_at)
+        if key:
+            conn.execute(
+                IDEM.insert().values(
+                    tenant=job.tenant, key=key, fingerprint=fingerprint, job_id=job.id, created_at=utcnow()
+                )
+            )
+
+    def get_job(self, job_id: str, tenant: str | None = None) -> Job:
+        """The job with its events; NotFoundError when absent or another tenant's."""
+        with self._tx(write=False) as conn:
+            row = self._job_row(conn, job_id)
+            if tenant is not None and row.tenant != tenant:
+                raise NotFoundError(f"job {job_id} not found")
+            return _job(row, self._events_in(conn, job_id))
+
+    def list_jobs(
+        self,
+        tenant: str | None = None,
+        states: list[JobState] | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> tuple[list[Job], str | None]:
+        """Newest first, without events; returns (jobs, cursor of the next page or None)."""
+        q = sa.select(JOBS)
+        if tenant is not None:
+            q = q.where(JOBS.c.tenant == tenant)
+        if states:
+            q = q.where(JOBS.c.state.in_([JobState(s).value for s in states]))
+        if cursor:
+            at, last_id = self._decode_cursor(cursor)
+            q = q.where(sa.or_(JOBS.c.created_at < at, sa.and_(JOBS.c.created_at == at, JOBS.c.id < last_id)))
+        limit = max(1, min(int(limit), 1000))
+        q = q.order_by(JOBS.c.created_at.desc(), JOBS.c.id.desc()).limit(limit + 1)
+        with self._tx(write=False) as conn:
+            rows = conn.execute(q).all()
+        jobs = [_job(r) for r in rows[:limit]]
+        nxt = None
+        if len(rows) > limit:
+            last = jobs[-1]
+            nxt = base64.urlsafe_b64encode(json.dumps([last.created_at.isoformat(), last.id]).encode()).decode()
+        return jobs, nxt
+
+    @staticmethod
+    def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+        try:
+            at, last_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+            return as_utc(datetime.fromisoformat(at)), str(last_id)
+        except (ValueError, TypeError) as exc:
+            raise SpecError("cursor", "not a cursor returned by list_jobs") from exc
+
+    def transition(
+        self,
+        job_id: str,
+        to_state: JobState,
+        reason: str = "",
+        data: dict[str, Any] | None = None,
+        expected: set[JobState] | None = None,
+        **fields: Any,
+    ) -> Job:
+        """Move a job to ``to_state`` and record the event, atomically.
+
+        ConflictError when the move is not in ALLOWED_TRANSITIONS or the job's
+        current state is not in ``expected``. Extra ``fields`` (placement,
+        attempts, preemptions, decision, spent_usd, claimed_by…) are set too.
+
+        This is how a broker claims a job: ``transition(id, placing, expected={pending},
+        claimed_by=worker)`` locks the job's row (PostgreSQL ``FOR UPDATE``), so of two
+        replicas claiming the same job one wins and the other gets a ConflictError.
+        """
+        to_state = JobState(to_state)
+        values = self._job_values(fields)
+        with self._tx() as conn:
+            row = self._job_row(conn, job_id, lock=True)
+            current = JobState(row.state)
+            if expected is not None and current not in expected:
+                raise ConflictError(
+                    f"job {job_id} is {current.value}, expected {'/'.join(sorted(s.value for s in expected))}"
+                )
+            if to_state not in ALLOWED_TRANSITIONS[current]:
+                raise ConflictError(f"job {job_id}: {current.value} → {to_state.value} is not allowed")
+            now = utcnow()
+            values.update(state=to_state.value, reason=reason, updated_at=now)
+            conn.execute(JOBS.update().where(JOBS.c.id == job_id).values(**values))
+            self._insert_event(conn, job_id, current, to_state, reason, data, now)
+            return self._full_job(conn, job_id)
+
+    def update_job(self, job_id: str, **fields: Any) -> Job:
+        """Set job fields without a state change (no event)."""
+        values = self._job_values(fields)
+        with self._tx() as conn:
+            self._job_row(conn, job_id, lock=True)
+            values["updated_at"] = utcnow()
+            conn.execute(JOBS.update().where(JOBS.c.id == job_id).values(**values))
+            return self._full_job(conn, job_id)
+
+    def events(self, job_id: str) -> list[JobEvent]:
+        with self._tx(write=False) as conn:
+            self._job_row(conn, job_id)
+            return self._events_in(conn, job_id)
+
+    def jobs_in_states(self, states: Iterable[JobState]) -> list[Job]:
+        """Jobs in any of ``states`` (without events), oldest first."""
+        values = [JobState(s).value for s in states]
+        if not values:
+            return []
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                sa.select(JOBS).where(JOBS.c.state.in_(values)).order_by(JOBS.c.created_at, JOBS.c.id)
+            )
+            return [_job(r) for r in rows]
+
+    # ------------------------------------------------------------------ allocations
+
+    def add_allocation(self, alloc: Allocation) -> Allocation:
+        """Record an allocation (the intent, before the provider is called).
+
+        ConflictError when the id exists or the job already holds a live allocation.
+        """
+        values = alloc.model_dump(mode="python")
+        values["state"] = AllocationState(values["state"]).value
+        try:
+            with self._tx() as conn:
+                self._job_row(conn, alloc.job_id)
+                conn.execute(ALLOCS.insert().values(**values))
+                return _alloc(self._alloc_row(conn, alloc.id))
+        except sa.exc.IntegrityError as exc:
+            raise ConflictError(
+                f"allocation {alloc.id}: the id exists or job {alloc.job_id} already holds a live allocation"
+            ) from exc
+
+    def _alloc_row(self, conn: Connection, alloc_id: str) -> Row[Any]:
+        row = conn.execute(sa.select(ALLOCS).where(ALLOCS.c.id == alloc_id)).first()
+        if row is None:
+            raise NotFoundError(f"allocation {alloc_id} not found")
+        return row
+
+    def update_allocation(
+        self, alloc_id: str, *, expected: Iterable[AllocationState] | None = None, **fields: Any
+    ) -> Allocation:
+        """Set allocation fields. With ``expected``, only if the allocation is still in one of those
+        states (compare-and-set, atomic on both backends); otherwise ``ConflictError`` and nothing
+        changes. Two writers deciding on one allocation (a launch completing, a reconcile failing
+        its intent) then cannot overwrite each other."""
+        unknown = set(fields) - ALLOCATION_FIELDS
+        if unknown:
+            raise StoreError(f"not allocation fields: {', '.join(sorted(unknown))}")
+        values = dict(fields)
+        if "state" in values:
+            values["state"] = AllocationState(values["state"]).value
+        if "resource_ids" in values:
+            values["resource_ids"] = [str(r) for r in values["resource_ids"] or []]
+        values["updated_at"] = utcnow()
+        q = ALLOCS.update().where(ALLOCS.c.id == alloc_id)
+        states = sorted({AllocationState(s).value for s in expected or ()})
+        if expected is not None:
+            q = q.where(ALLOCS.c.state.in_(states))
+        try:
+            with self._tx() as conn:
+                self._alloc_row(conn, alloc_id)
+                if not conn.execute(q.values(**values)).rowcount:
+                    now = self._alloc_row(conn, alloc_id).state  # after the UPDATE: what it lost to
+                    raise ConflictError(f"allocation {alloc_id} is {now}, not {' or '.join(states)}: changed meanwhile")
+                return _alloc(self._alloc_row(conn, alloc_id))
+        except sa.exc.IntegrityError as exc:
+            raise ConflictError(f"allocation {alloc_id}: its job already holds another live allocation") from exc
+
+    def get_allocation(self, alloc_id: str) -> Allocation:
+        with self._tx(write=False) as conn:
+            return _alloc(self._alloc_row(conn, alloc_id))
+
+    def allocations(self, job_id: str | None = None, states: list[AllocationState] | None = None) -> list[Allocation]:
+        q = sa.select(ALLOCS)
+        if job_id is not None:
+            q = q.where(ALLOCS.c.job_id == job_id)
+        if states is not None:
+            q = q.where(ALLOCS.c.state.in_([AllocationState(s).value for s in states]))
+        with self._tx(write=False) as conn:
+            return [_alloc(r) for r in conn.execute(q.order_by(ALLOCS.c.created_at, ALLOCS.c.id))]
+
+    def live_allocations(self) -> list[Allocation]:
+        """Allocations that may still hold provider resources: intent, pending, running or unknown."""
+        return self.allocations(states=list(LIVE_STATES))
+
+    def find_allocation(self, provider: str, resource_id: str) -> Allocation | None:
+        """The newest allocation of ``provider`` whose resource_ids contain ``resource_id``."""
+        # JSON arrays are not portably indexable; a LIKE on the JSON text narrows, Python confirms.
+        needle = json.dumps(resource_id).replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        q = (
+            sa.select(ALLOCS)
+            .where(ALLOCS.c.provider == provider)
+            .where(sa.cast(ALLOCS.c.resource_ids, sa.Text).like(f"%{needle}%", escape="\\"))
+            .order_by(ALLOCS.c.created_at.desc())
+        )
+        with self._tx(write=False) as conn:
+            for row in conn.execute(q):
+                if resource_id in row.resource_ids:
+                    return _alloc(row)
+        return None
+
+    # ------------------------------------------------------------------ counts, spend and usage
+
+    def counts(self) -> dict[str, Any]:
+        """For metrics: jobs by state, placements made (transitions to provisioning), and
+        allocations as (provider, state, count) rows."""
+        with self._tx(write=False) as conn:
+            by_state = dict(conn.execute(sa.select(JOBS.c.state, sa.func.count()).group_by(JOBS.c.state)).all())
+            placements = conn.execute(
+                sa.select(sa.func.count()).select_from(EVENTS).where(EVENTS.c.to_state == JobState.provisioning.value)
+            ).scalar_one()
+            allocs = conn.execute(
+                sa.select(ALLOCS.c.provider, ALLOCS.c.state, sa.func.count()).group_by(
+                    ALLOCS.c.provider, ALLOCS.c.state
+                )
+            ).all()
+        return {"jobs": by_state, "placements": placements, "allocations": [tuple(r) for r in allocs]}
+
+    def tenant_spend(self, tenant: str, since: datetime, now: datetime | None = None) -> float:
+        """USD a tenant has spent since ``since``.
+
+        The sum of ``spent_usd`` of the tenant's jobs updated since then (what the
+        job layer has booked), plus the accrued cost of its allocations that are
+        billing now (pending or running): ``usd_per_hour`` × hours from
+        max(allocation created, since) to now. The job layer books an attempt's cost
+        into ``spent_usd`` when the allocation ends, so nothing is counted twice.
+        """
+        now = as_utc(now or utcnow())
+        since = as_utc(since)
+        with self._tx(write=False) as conn:
+            booked = conn.execute(
+                sa.select(sa.func.coalesce(sa.func.sum(JOBS.c.spent_usd), 0.0)).where(
+                    JOBS.c.tenant == tenant, JOBS.c.updated_at >= since
+                )
+            ).scalar()
+            live = conn.execute(
+                sa.select(ALLOCS.c.usd_per_hour, ALLOCS.c.created_at)
+                .join(JOBS, JOBS.c.id == ALLOCS.c.job_id)
+                .where(JOBS.c.tenant == tenant, ALLOCS.c.state.in_(BILLING_STATES))
+            ).all()
+        accrued = 0.0
+        for usd_per_hour, created_at in live:
+            start = max(as_utc(created_at), since)
+            accrued += usd_per_hour * max((now - start).total_seconds(), 0.0) / 3600.0
+        return float(booked or 0.0) + accrued
+
+    def gpus_held(self, tenant: str) -> int:
+        """GPUs of the tenant's jobs that hold resources now (provisioning or running)."""
+        with self._tx(write=False) as conn:
+            value = conn.execute(
+                sa.select(sa.func.coalesce(sa.func.sum(JOBS.c.gpus), 0)).where(
+                    JOBS.c.tenant == tenant,
+                    JOBS.c.state.in_([JobState.provisioning.value, JobState.running.value]),
+                )
+            ).scalar()
+        return int(value or 0)
+
+    def job_usage(self, since: datetime | None = None, now: datetime | None = None) -> list[dict[str, Any]]:
+        """Per job created since ``since``: tenant, state, gpus, gpu_hours, spent_usd, created_at.
+
+        GPU-hours are the job's GPUs × the hours its allocations lasted (created to
+        last update when ended; to now while live), for rent/hybrid/own advice.
+        """
+        now = as_utc(now or utcnow())
+        jq = sa.select(JOBS.c.id, JOBS.c.tenant, JOBS.c.state, JOBS.c.gpus, JOBS.c.spent_usd, JOBS.c.created_at)
+        if since is not None:
+            jq = jq.where(JOBS.c.created_at >= since)
+        aq = sa.select(ALLOCS.c.job_id, ALLOCS.c.state, ALLOCS.c.created_at, ALLOCS.c.updated_at)
+        if since is not None:
+            aq = aq.join(JOBS, JOBS.c.id == ALLOCS.c.job_id).where(JOBS.c.created_at >= since)
+        with self._tx(write=False) as conn:
+            jobs = conn.execute(jq.order_by(JOBS.c.created_at, JOBS.c.id)).all()
+            allocs = conn.execute(aq).all()
+        hours: dict[str, float] = {}
+        for job_id, state, created_at, updated_at in allocs:
+            if state == AllocationState.intent.value:
+                continue  # never reached the provider
+            end = now if state in LIVE_ALLOCATION_STATES else as_utc(updated_at)
+            hours[job_id] = hours.get(job_id, 0.0) + max((end - as_utc(created_at)).total_seconds(), 0) / 3600
+        return [
+            {
+                "job_id": jid,
+                "tenant": tenant,
+                "state": state,
+                "gpus": gpus,
+                "hours": hours.get(jid, 0.0),
+                "gpu_hours": gpus * hours.get(jid, 0.0),
+                "spent_usd": spent,
+                "created_at": as_utc(created),
+            }
+            for jid, tenant, state, gpus, spent, created in jobs
+        ]

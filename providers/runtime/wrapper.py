@@ -485,6 +485,10 @@ def main(argv: list[str] | None = None, environ: dict | None = None) -> int:
             k for k in env if k.startswith("LOCKSTEP_")} - {"LOCKSTEP_MANIFEST"})
         box = manifest.get("container") or {}
         registry_login(box, env)
+        password_env = (box.get("registry") or {}).get("password_env")
+        if password_env:  # used to log in; not the command's business
+            env.pop(password_env, None)
+            names = [n for n in names if n != password_env]
         cmd = command_argv(manifest, names)
         log.line("lockstep", f"node {rank} of {rdzv['LOCKSTEP_NUM_NODES']} (head {rdzv['LOCKSTEP_HEAD_ADDR']}): "
                              f"starting {shlex.join(cmd[:1])}")

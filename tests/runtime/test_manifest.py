@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pydantic import SecretStr
+
+from broker.config import RuntimeConfig
+from broker.specs import parse_spec_text
 from providers.runtime.manifest import RunRequest, build_manifest, encode_blob, pack_files, wrapper_source
 
 
@@ -16,13 +20,24 @@ def test_files_pack_deterministically() -> None:
     assert pack_files(files) != pack_files({**files, "b.py": "print(3)\n"})
 
 
+def test_a_run_request_keeps_its_secrets_out_of_reprs_and_dumps() -> None:
+    spec = parse_spec_text("name: a\ngpu: H100:1\nworkload: {hours: 1}\nsecrets: [TOKEN]\n")
+    run = RunRequest.for_launch(spec, job_id="j1", attempt=1, secrets={"TOKEN": SecretStr("hunter2-hunter2")},
+                                runtime=RuntimeConfig())
+    assert "hunter2" not in repr(run) and "hunter2" not in run.model_dump_json()
+    assert run.secret_values() == {"TOKEN": "hunter2-hunter2"}
+
+
 def test_a_built_manifest_runs_in_the_shipped_wrapper(tmp_path: Path) -> None:
-    run = RunRequest(job_id="j9", attempt=2, command='python3 main.py; echo "$LOCKSTEP_JOB_ID/$LOCKSTEP_ATTEMPT $MODE"',
-                     gpus_per_node=2, env={"MODE": "train"}, secrets={"TOKEN": "abcd-1234-efgh"},
-                     files={"main.py": "import os; print('tok', os.environ['TOKEN'] == 'abcd-1234-efgh')\n"},
-                     checkpoint_dir=str(tmp_path / "ckpt"))
+    spec = parse_spec_text(
+        "name: a\ngpu: H100:2\nworkload: {hours: 1}\nenv: {MODE: train}\nsecrets: [TOKEN]\n"
+        "command: python3 main.py; echo \"$LOCKSTEP_JOB_ID/$LOCKSTEP_ATTEMPT $MODE\"\n"
+        "files:\n  main.py: \"import os; print('tok', os.environ['TOKEN'] == 'abcd-1234-efgh')\"\n")
+    run = RunRequest.for_launch(spec, job_id="j9", attempt=2, secrets={"TOKEN": SecretStr("abcd-1234-efgh")},
+                                runtime=RuntimeConfig())
     manifest = build_manifest(run, rendezvous={"mode": "single"}, workdir=str(tmp_path / "w"),
-                              logs={"file": str(tmp_path / "rank-{rank}.log"), "status_dir": str(tmp_path)})
+                              logs={"file": str(tmp_path / "rank-{rank}.log"), "status_dir": str(tmp_path)},
+                              checkpoint_dir=str(tmp_path / "ckpt"))
     script = tmp_path / "wrapper.py"
     script.write_text(wrapper_source())
     env = {"PATH": "/usr/bin:/bin", "LOCKSTEP_MANIFEST": encode_blob(manifest)}

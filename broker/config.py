@@ -225,6 +225,27 @@ class HealthConfig(_Section):
     burnin_results_dir: str = ""
 
 
+class SecretsConfig(_Section):
+    """Where the names a job spec's ``secrets`` lists are looked up, at launch (docs/runtime.md).
+
+    First match wins: a named file (``files``), a file of that name in ``dir`` (a mounted Kubernetes
+    Secret or Docker secret), then the environment variable ``env_prefix`` + the name (``-`` and ``.``
+    as ``_``, upper case).
+    """
+
+    files: dict[str, str] = Field(default_factory=dict)  # secret name → file holding its value
+    dir: str | None = None  # a directory with one file per secret name
+    env_prefix: str = "LOCKSTEP_SECRET_"
+
+
+class RuntimeConfig(_Section):
+    """The in-job wrapper's settings, the same on every market (docs/runtime.md)."""
+
+    log_interval_s: float = Field(default=5.0, gt=0)  # how often a node ships its log while the command runs
+    grace_s: float = Field(default=30.0, ge=0)  # TERM → KILL when a command is stopped
+    rendezvous_wait_s: float = Field(default=900.0, gt=0)  # how long a node waits for its peers' addresses
+
+
 class ApiConfig(_Section):
     host: str = "127.0.0.1"
     port: int = 8080
@@ -249,6 +270,8 @@ class Settings(BaseSettings):
     tracker: TrackerConfig = Field(default_factory=TrackerConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
+    secrets: SecretsConfig = Field(default_factory=SecretsConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
     @classmethod
     def settings_customise_sources(

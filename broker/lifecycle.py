@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from broker.errors import ConflictError, NotFoundError, ProviderError
@@ -29,6 +29,7 @@ from broker.models import (
     AllocationState,
     Benchmark,
     Job,
+    JobExit,
     JobState,
     QuoteOption,
     utcnow,
@@ -95,6 +96,20 @@ def run_cost(alloc: Allocation, attrs: Mapping[str, str], now: datetime) -> floa
     return hours * alloc.usd_per_hour
 
 
+# A running job is stopped by the broker this long after its max_duration, if its wrapper (which stops the
+# command at max_duration itself) has not ended it: a machine that hangs, a wrapper that died.
+MAX_DURATION_MARGIN = timedelta(minutes=2)
+
+
+def overdue(job: Job, attrs: Mapping[str, str], now: datetime) -> bool:
+    """Has a running attempt outlived its spec's max_duration (plus the margin)?"""
+    limit = job.spec.max_duration_s
+    since = attrs.get("running_since")
+    if not limit or not since:
+        return False
+    return now - datetime.fromisoformat(since) > timedelta(seconds=limit) + MAX_DURATION_MARGIN
+
+
 class JobLifecycle:
     """Every job state change, over one store (and, for what a poll means, the providers).
 
@@ -159,6 +174,10 @@ class JobLifecycle:
         fields: dict[str, Any] = {} if decision is None else {"decision": decision}
         return await self._move(job_id, JobState.pending, reason, _tries(tries), {JobState.placing}, **fields)
 
+    async def fail_placing(self, job_id: str, reason: str) -> Job:
+        """placing → failed: the job cannot be launched as it is (its spec names a secret no source has)."""
+        return await self._move(job_id, JobState.failed, reason, None, {JobState.placing})
+
     async def adopt(self, job_id: str, alloc: Allocation) -> Job:
         """placing → provisioning: a restart found the launch a crash interrupted, and adopted it."""
         placement = QuoteOption.model_validate_json(alloc.attrs["option"]) if "option" in alloc.attrs else None
@@ -187,13 +206,20 @@ class JobLifecycle:
         return await self._move(job_id, JobState.cancelled, reason, None, None)
 
     # ------------------------------------------------------------------ what a poll means
-    async def follow(self, alloc: Allocation, state: AllocationState, reason: str, hosts: list[str]) -> JobState | None:
+    async def follow(self, alloc: Allocation, state: AllocationState, reason: str, hosts: list[str],
+                     exit: JobExit | None = None) -> JobState | None:
         """Move the allocation's job along after a poll answered ``state``; returns the job's new state, or
         None when it did not change (unchanged, or another writer moved it first: the next poll sees it).
 
         A finished job's allocation that still runs is given back. A running allocation is timed from when it
         was first seen running (its cost is added when it ends). Burn-in results are judged while it runs
         and when it ends: a node that failed burn-in requeues the job at once.
+
+        ``exit``: how the command ended, as its wrapper reported (succeeded/failed polls). The job ends with
+        its exit code and last lines, and its machines are given back at once — a cloud machine still
+        shutting down, a marketplace container sitting exited — so billing stops within this poll. A
+        running job past its ``max_duration`` (plus the wrapper's margin) is stopped here if its wrapper
+        did not stop it.
         """
         now = self.clock()
         try:
@@ -213,6 +239,15 @@ class JobLifecycle:
             await asyncio.to_thread(self.store.update_allocation, alloc.id, state=state, attrs=attrs,
                                     reason=reason or alloc.reason)
         spent = job.spent_usd + run_cost(alloc, attrs, now) if state in ENDED else job.spent_usd
+        if state is AllocationState.running and overdue(job, attrs, now):
+            await self.release(alloc, "max_duration exceeded", state=AllocationState.failed)
+            try:
+                return (await self._move(
+                    job.id, JobState.failed, f"max_duration {job.spec.max_duration} exceeded: stopped and released",
+                    {"allocation": alloc.id, "exit_reason": "max_duration"}, {JobState.running},
+                    spent_usd=job.spent_usd + run_cost(alloc, attrs, now))).state
+            except ConflictError:
+                return None
         if job.spec.burn_in and self.burn_in is not None and isinstance(
                 self.providers.get(alloc.provider), RunsBurnIn) and state in (
                 AllocationState.running, AllocationState.succeeded, AllocationState.failed):
@@ -228,13 +263,18 @@ class JobLifecycle:
                 where = ", ".join(hosts) if hosts else alloc.zone or alloc.region
                 return (await self._move(job.id, JobState.running, f"running on {where}", {"allocation": alloc.id},
                                          {JobState.provisioning})).state
-            if state is AllocationState.succeeded:
-                return (await self._move(job.id, JobState.succeeded, reason or "finished", {"allocation": alloc.id},
+            if state in (AllocationState.succeeded, AllocationState.failed):
+                if exit is not None:  # the wrapper saw the command end: the machines are idle from now on
+                    await self.release(alloc, f"the job's command ended ({exit.describe()})", state=state)
+                ok = state is AllocationState.succeeded
+                why = (f"finished: {exit.describe()}" if exit is not None else reason or "finished") if ok else (
+                    f"failed: {exit.describe()}" if exit is not None else reason or "failed at provider")
+                data: dict[str, Any] = {"allocation": alloc.id}
+                if exit is not None:
+                    data.update(exit_code=exit.exit_code, exit_reason=exit.reason.value, node=exit.rank,
+                                last_lines=exit.last_lines)
+                return (await self._move(job.id, JobState.succeeded if ok else JobState.failed, why, data,
                                          {JobState.provisioning, JobState.running}, spent_usd=spent)).state
-            if state is AllocationState.failed:
-                return (await self._move(job.id, JobState.failed, reason or "failed at provider",
-                                         {"allocation": alloc.id}, {JobState.provisioning, JobState.running},
-                                         spent_usd=spent)).state
             if state is AllocationState.preempted:
                 return await self.requeue_preempted(job, alloc, reason or "preempted by the provider", spent)
             if state is AllocationState.released:

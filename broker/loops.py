@@ -136,7 +136,7 @@ class BrokerLoops:
                 log.warning("poll %s on %s: %s", alloc.id, alloc.provider, exc)
                 continue
             polled += 1
-            moved = await self.lifecycle.follow(alloc, status.state, status.reason, status.hosts)
+            moved = await self.lifecycle.follow(alloc, status.state, status.reason, status.hosts, status.exit)
             if moved is JobState.pending:  # requeued: place it again at once
                 self._retry_at.pop(alloc.job_id, None)
                 self.wake.set()

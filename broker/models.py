@@ -290,6 +290,34 @@ def _text(max_length: int) -> Any:
 
 Text64, Text256, Text1k = _text(64), _text(256), _text(1024)
 
+# The run-time parts of a spec (docs/runtime.md): variables, secrets by name, small files.
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+RESERVED_ENV = frozenset({"MASTER_ADDR", "MASTER_PORT"})  # set by the wrapper from the rendezvous
+RESERVED_ENV_PREFIX = "LOCKSTEP_"
+FILES_MAX_BYTES = 512 * 1024  # a job's files, all together: code and configs, not data (data.uri is for data)
+FILES_MAX_COUNT = 1_000
+DEFAULT_RDZV_PORT = 29500
+
+
+def _env_name(value: str) -> str:
+    if not _ENV_NAME_RE.match(value):
+        raise ValueError(f"{value[:60]!r} is not a variable name (letters, digits and '_', not starting with a digit)")
+    if value.startswith(RESERVED_ENV_PREFIX) or value in RESERVED_ENV:
+        raise ValueError(f"{value} is set by Lockstep itself (docs/runtime.md)")
+    return value
+
+
+def _file_path(value: str) -> str:
+    parts = value.replace("\\", "/").split("/")
+    if not value or value.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{value[:80]!r}: a relative path inside the working directory (no '..', no leading '/')")
+    return value
+
+
+EnvName = Annotated[str, Field(max_length=128), AfterValidator(_env_name)]
+SecretName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")]
+FilePath = Annotated[str, Field(max_length=512), AfterValidator(_clean_text), AfterValidator(_file_path)]
+
 
 class SpecModel(BaseModel):
     """Base of the models users write: unknown fields are errors, numbers are finite, text is clean."""
@@ -303,10 +331,31 @@ class DataSpec(SpecModel):
         "'aws:us-east-1'), 'onprem' for the owned market, '' for nowhere"
     )
     size_gb: float = Field(default=0.0, ge=0, le=1e9)
+    uri: Text1k = Field(
+        default="", description="the input itself: an s3:// URI (AWS: fetched through a presigned URL when it "
+        "is one object), an http(s):// URL (downloaded before the command), or an absolute path on the pool's "
+        "shared filesystem; the command finds it in LOCKSTEP_DATA_PATH / LOCKSTEP_DATA_URI",
+    )
     egress_usd_per_gb: float | None = Field(
         default=None, ge=0, le=1000,
         description="what moving a GB out of the data's site costs (default: what offers at that site declare)",
     )
+
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        if v and not (v.startswith(("s3://", "http://", "https://", "/"))):
+            raise ValueError("an s3:// URI, an http(s):// URL or an absolute path")
+        return v
+
+
+class RegistryAuth(SpecModel):
+    """Credentials for a private image registry: the password is a secret's name, never its value."""
+
+    server: Text256
+    username: Text256
+    password_secret: SecretName
 
 
 class Workload(SpecModel):
@@ -394,8 +443,30 @@ class JobSpec(SpecModel):
         default=None, description="GPU software stack the image needs: cuda (NVIDIA), rocm (AMD) or any; "
         "default: read from the image name, or from the GPU models when no image is given",
     )
-    image: Text1k = DEFAULT_CUDA_IMAGE
+    image: Text1k | None = Field(
+        default=None, description="container image to run the command in; default: none on a pool that runs "
+        "commands on its hosts (Slurm), else the stack's default image (NVIDIA PyTorch, or ROCm PyTorch)",
+    )
     command: Annotated[str, Field(max_length=65_536), AfterValidator(_clean_text)] = ""
+    env: dict[EnvName, Annotated[str, Field(max_length=32_768), AfterValidator(_clean_text)]] = Field(
+        default_factory=dict, max_length=256, description="environment variables for the command")
+    secrets: dict[EnvName, SecretName] = Field(
+        default_factory=dict, max_length=64,
+        description="variables whose values the broker resolves at launch from its secret sources, by name: "
+        "[HF_TOKEN] or {HF_TOKEN: hf-prod}; never stored, never shown")
+    files: dict[FilePath, Annotated[str, AfterValidator(_clean_text)]] = Field(
+        default_factory=dict, description=f"small text files unpacked into the working directory before the "
+        f"command (relative path → content; {FILES_MAX_BYTES // 1024} KiB and {FILES_MAX_COUNT} files at most; "
+        f"the CLI fills it from `workdir`)")
+    registry: RegistryAuth | None = Field(default=None, description="a private registry for the image")
+    checkpoint_uri: Text1k | None = Field(
+        default=None, description="where every attempt saves and resumes checkpoints (LOCKSTEP_CHECKPOINT_URI); "
+        "default: the market's own convention (docs/runtime.md)")
+    max_duration: str | None = Field(
+        default=None, max_length=64, description="hard wall-clock cap per attempt, e.g. 12h: the command is "
+        "stopped, the job fails with that reason and its machines are released")
+    rdzv_port: int = Field(default=DEFAULT_RDZV_PORT, ge=1024, le=65535,
+                           description="the port of the multi-node rendezvous (LOCKSTEP_RDZV_PORT)")
     disk_gb: float = Field(default=100.0, ge=0, le=1e7)
     labels: dict[Text64, Text256] = Field(default_factory=dict, max_length=64)
     burn_in: bool = Field(
@@ -448,6 +519,41 @@ class JobSpec(SpecModel):
             out.extend(m for m in models if m not in out)
         return out
 
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_text(cls, v: Any) -> Any:
+        """YAML's numbers and booleans as the text a shell would see (EPOCHS: 3 → "3", DEBUG: true → "true")."""
+        if isinstance(v, dict):
+            return {k: (str(x).lower() if isinstance(x, bool) else str(x)) if isinstance(x, int | float) else x
+                    for k, x in v.items()}
+        return v
+
+    @field_validator("secrets", mode="before")
+    @classmethod
+    def _secret_list(cls, v: Any) -> Any:
+        """``[HF_TOKEN]`` is ``{HF_TOKEN: HF_TOKEN}``: the variable takes the secret's name."""
+        if isinstance(v, list):
+            return {name: name for name in v if isinstance(name, str)} if all(isinstance(n, str) for n in v) else v
+        return v
+
+    @field_validator("files")
+    @classmethod
+    def _files_size(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > FILES_MAX_COUNT:
+            raise ValueError(f"{len(v)} files: at most {FILES_MAX_COUNT} (put larger inputs in data.uri)")
+        total = sum(len(k) + len(text.encode("utf-8")) for k, text in v.items())
+        if total > FILES_MAX_BYTES:
+            raise ValueError(f"{total / 1024:,.0f} KiB of files is over the {FILES_MAX_BYTES // 1024} KiB cap "
+                             f"(put larger inputs in data.uri)")
+        return v
+
+    @field_validator("max_duration")
+    @classmethod
+    def _max_duration(cls, v: str | None) -> str | None:
+        if v is not None and parse_duration(v).total_seconds() < 1:
+            raise ValueError("at least 1s")
+        return v
+
     @field_validator("deadline_in")
     @classmethod
     def _deadline_in(cls, v: str | None) -> str | None:
@@ -474,24 +580,25 @@ class JobSpec(SpecModel):
             )
         if self.deadline is not None and self.deadline_in is not None:
             raise FieldError("deadline", "give deadline or deadline_in, not both")
+        both = sorted(set(self.env) & set(self.secrets))
+        if both:
+            raise FieldError("secrets", f"{', '.join(both)} also in env: a variable is either plain or a secret")
         self._resolve_runtime()
         return self
 
     def _resolve_runtime(self) -> None:
         """Which GPU stack the job needs: said, read from the image, or (no image given) from the GPUs."""
-        image_given = "image" in self.model_fields_set
-        from_image = runtime_of_image(self.image) if image_given else None
+        image_given = self.image is not None
+        from_image = runtime_of_image(self.image) if self.image is not None else None
         if self.runtime is not None:
             if from_image not in (None, self.runtime) and self.runtime is not Runtime.any:
-                raise FieldError("runtime", f"the image {self.image[:80]!r} is built for {from_image.value}, "
+                raise FieldError("runtime", f"the image {(self.image or '')[:80]!r} is built for {from_image.value}, "
                                             f"not {self.runtime.value}")
         elif image_given:
             self.runtime = from_image or Runtime.any
         else:
             vendors = {GPU_SPECS[m].runtime for m in self.gpu if m in GPU_SPECS}
             self.runtime = Runtime.rocm if vendors == {Runtime.rocm} else Runtime.cuda
-        if not image_given and self.runtime is Runtime.rocm:
-            self.image = DEFAULT_ROCM_IMAGE
         known = [GPU_SPECS[m].runtime for m in self.gpu if m in GPU_SPECS]
         # Every model asked for is known and none runs the job's stack: no offer could ever fit.
         if self.runtime is not Runtime.any and known and len(known) == len(self.gpu) and self.runtime not in known:
@@ -503,6 +610,16 @@ class JobSpec(SpecModel):
     def nodes(self) -> int:
         assert self.gpus_per_node is not None
         return self.gpus // self.gpus_per_node
+
+    def container_image(self) -> str:
+        """The image to run the command in where a market always uses one: the spec's, else its stack's default."""
+        if self.image is not None:
+            return self.image
+        return DEFAULT_ROCM_IMAGE if self.runtime is Runtime.rocm else DEFAULT_CUDA_IMAGE
+
+    @property
+    def max_duration_s(self) -> float | None:
+        return parse_duration(self.max_duration).total_seconds() if self.max_duration else None
 
     def deadline_at(self, submitted: datetime) -> datetime | None:
         if self.deadline is not None:
@@ -659,12 +776,53 @@ class Allocation(BaseModel):
     attrs: dict[str, str] = Field(default_factory=dict)
 
 
+class ExitReason(StrEnum):
+    """Why a job's command ended, as its in-job wrapper saw it (docs/runtime.md)."""
+
+    exited = "exited"  # the command ended by itself; see the exit code
+    max_duration = "max_duration"  # stopped at the spec's max_duration
+    signal = "signal"  # stopped by a signal to the job (preemption, cancel)
+    error = "error"  # the wrapper could not start the command (the log says why)
+
+
+class JobExit(BaseModel):
+    """How one attempt's command ended: the job's exit code and reason, and its last output lines."""
+
+    exit_code: int
+    reason: ExitReason = ExitReason.exited
+    rank: int = 0  # the node whose status decided it
+    last_lines: list[str] = Field(default_factory=list)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0 and self.reason is ExitReason.exited
+
+    def describe(self) -> str:
+        if self.reason is ExitReason.max_duration:
+            return f"stopped at its max_duration (exit code {self.exit_code})"
+        if self.reason is ExitReason.error:
+            return "the command could not be started" + (f": {self.last_lines[-1]}" if self.last_lines else "")
+        if self.reason is ExitReason.signal:
+            return f"stopped by a signal (exit code {self.exit_code})"
+        return f"exit code {self.exit_code}" + (f" on node {self.rank}" if self.rank else "")
+
+
 class AllocationStatus(BaseModel):
-    """A provider's answer to poll()."""
+    """A provider's answer to poll(). ``exit`` is set once the job's command has ended (succeeded/failed)."""
 
     state: AllocationState
     reason: str = ""
     hosts: list[str] = Field(default_factory=list)
+    exit: JobExit | None = None
+
+
+class LogLine(BaseModel):
+    """One line a job printed, as its wrapper recorded it."""
+
+    at: datetime | None = None
+    stream: str = "out"  # out | err | lockstep (the wrapper's own notes)
+    text: str
+    rank: int = 0
 
 
 # --------------------------------------------------------------------------- prices, benchmarks

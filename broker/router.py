@@ -21,10 +21,12 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+
+from pydantic import SecretStr
 
 from broker.config import Settings
 from broker.errors import (
@@ -35,6 +37,7 @@ from broker.errors import (
     ProviderAuthError,
     ProviderError,
     QuotaError,
+    SpecError,
 )
 from broker.lifecycle import JobLifecycle, LaunchTry
 from broker.market import Marketplace
@@ -49,12 +52,14 @@ from broker.models import (
     QuoteOption,
     utcnow,
 )
+from broker.secrets import SecretSources
 from broker.store import LIVE_STATES
 from policies.book import DEFAULT_SPOT_PREEMPTIONS_PER_HOUR
 from policies.placement import Decision, candidates, decide
 from policies.ranking import quote as rank_quote
 from providers.base import LaunchRequest
 from providers.capabilities import Launches, RunsBurnIn
+from providers.runtime.manifest import RunRequest
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -118,6 +123,7 @@ class Router:
         self.market = market
         self.clock = clock
         self.lifecycle = lifecycle or JobLifecycle(store, market.providers, clock=clock)
+        self.secrets = SecretSources(settings.secrets)
         self.preemption_rates = preemption_rates or (lambda: {})
         self.on_placed = on_placed  # metrics hook: (provider, outcome)
         self._taken: set[str] = set()  # single-unit offers launched on since the last refresh
@@ -237,6 +243,11 @@ class Router:
         if not cands:
             reason = self.unplaceable_reason(q, options) or decision.reason
             return await self.back_to_pending(job, reason, [], decision.as_dict())
+        try:  # once per placement, before any provider call: values only in memory (docs/runtime.md)
+            secret_values = self.secrets.resolve(job.spec)
+        except SpecError as exc:  # the spec names a secret no source has: no market can run it
+            failed = await self.lifecycle.fail_placing(job.id, f"cannot launch: {exc}")
+            return PlacementResult(failed, False, failed.reason, ())
 
         tries: list[LaunchTry] = []
         skip: set[str] = set()
@@ -258,7 +269,7 @@ class Router:
                 # Another replica may have written its intent on it since: look again, just before ours.
                 if offer.id in await self._launching_elsewhere():
                     continue
-            outcome = await self._try(job, opt, offer, decision, tries)
+            outcome = await self._try(job, opt, offer, decision, tries, secret_values)
             if isinstance(outcome, PlacementResult):
                 return outcome
             tries.append(outcome)  # failed: on to the next offer (or past this provider)
@@ -269,7 +280,7 @@ class Router:
                                           decision.as_dict())
 
     async def _try(self, job: Job, opt: QuoteOption, offer: Offer, decision: Decision,
-                   tries: Sequence[LaunchTry]) -> PlacementResult | LaunchTry:
+                   tries: Sequence[LaunchTry], secret_values: Mapping[str, SecretStr]) -> PlacementResult | LaunchTry:
         """One launch try on ``offer``: the final result (placed, or a reconcile decided the launch), or the
         record of a failed try (the caller moves on). ``tries``: the failed tries before this one."""
         provider = self.market.launcher(opt.provider)
@@ -283,8 +294,10 @@ class Router:
 
             spec = spec.model_copy(update={"command": burnin_command(
                 spec.command, result_dir=str(results_path(self.settings)), stem=job_stem(job.id, attempt))})
+        run = RunRequest.for_launch(spec, job_id=job.id, attempt=attempt, secrets=secret_values,
+                                    runtime=self.settings.runtime)
         req = LaunchRequest(job_id=job.id, tenant=job.tenant, attempt=attempt, spec=spec, offer=offer,
-                            nodes=opt.nodes, installation=self.settings.broker.installation)
+                            nodes=opt.nodes, installation=self.settings.broker.installation, run=run)
         alloc = Allocation(
             id=new_alloc_id(), job_id=job.id, attempt=attempt, provider=opt.provider, offer_id=opt.offer_id,
             state=AllocationState.intent, client_token=req.client_token, nodes=opt.nodes, region=opt.region,

@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from broker.errors import SpecError
-from broker.models import FieldError, JobSpec
+from broker.models import FILES_MAX_BYTES, FILES_MAX_COUNT, FieldError, JobSpec
 
 MAX_SPEC_BYTES = 1_048_576
 # Far deeper than any spec needs (the deepest real field is data.location, 2 levels), far shallower
@@ -53,10 +53,58 @@ def spec_error(exc: ValidationError, root: str = "") -> SpecError:
     return SpecError(*errors[0], errors=errors)
 
 
-def parse_spec(data: Any) -> JobSpec:
-    """Validate already-parsed data (a dict) as a JobSpec."""
+# Never shipped from a workdir: version control, caches, environments.
+WORKDIR_SKIP = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "node_modules", ".mypy_cache",
+                          ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints"})
+
+
+def pack_workdir(root: Path) -> dict[str, str]:
+    """A local directory's text files as a spec's ``files`` (relative path → text); errors name the file."""
+    if not root.is_dir():
+        raise SpecError("workdir", f"{root}: not a directory")
+    files: dict[str, str] = {}
+    total = 0
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if any(part in WORKDIR_SKIP for part in rel.parts) or not path.is_file():
+            continue
+        if path.is_symlink() and not path.resolve().is_relative_to(root.resolve()):
+            raise SpecError("workdir", f"{rel}: a link that leaves the directory")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise SpecError("workdir", f"{rel}: not a text file (binary inputs go in data.uri)") from None
+        except OSError as exc:
+            raise SpecError("workdir", f"{rel}: cannot read ({type(exc).__name__})") from None
+        total += len(text.encode("utf-8"))
+        if total > FILES_MAX_BYTES or len(files) >= FILES_MAX_COUNT:
+            raise SpecError("workdir", f"{root} holds more than {FILES_MAX_BYTES // 1024} KiB or "
+                                       f"{FILES_MAX_COUNT} files (put larger inputs in data.uri)")
+        files[rel.as_posix()] = text
+    return files
+
+
+def parse_spec(data: Any, base_dir: Path | None = None) -> JobSpec:
+    """Validate already-parsed data (a dict) as a JobSpec.
+
+    ``workdir`` (a local directory, relative to ``base_dir``: the spec file's folder) is packed into
+    ``files`` here, on the client; a spec that arrives without a ``base_dir`` (over HTTP) cannot name one.
+    """
     if not isinstance(data, dict):
         raise SpecError("", f"a job spec is a mapping of fields, got {type(data).__name__}")
+    if "workdir" in data:
+        if base_dir is None:
+            raise SpecError("workdir", "a directory on the client's machine: the CLI packs it into files; "
+                                       "over the API send files")
+        data = dict(data)
+        workdir = data.pop("workdir")
+        if not isinstance(workdir, str):
+            raise SpecError("workdir", "a directory path")
+        packed = pack_workdir(base_dir / Path(workdir).expanduser())
+        given = data.get("files") or {}
+        if isinstance(given, dict):
+            packed.update(given)  # files written in the spec win over the directory's
+        data["files"] = packed
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
@@ -90,7 +138,7 @@ def _check_depth(text: str) -> None:
                 stack[-1][2] = True
 
 
-def parse_spec_text(text: str, source: str = "job spec") -> JobSpec:
+def parse_spec_text(text: str, source: str = "job spec", base_dir: Path | None = None) -> JobSpec:
     """YAML is a superset of JSON, so one parser reads both."""
     try:
         _check_depth(text)
@@ -102,7 +150,7 @@ def parse_spec_text(text: str, source: str = "job spec") -> JobSpec:
         raise SpecError("", f"{source}: malformed YAML{where}: {problem}") from None
     except RecursionError:
         raise SpecError("", f"{source}: nested deeper than {MAX_DEPTH} levels") from None
-    return parse_spec(data)
+    return parse_spec(data, base_dir)
 
 
 def load_spec(path: str | Path) -> JobSpec:
@@ -115,4 +163,4 @@ def load_spec(path: str | Path) -> JobSpec:
         raise SpecError("", f"{p}: no such file") from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise SpecError("", f"{p}: cannot read ({type(exc).__name__})") from None
-    return parse_spec_text(text, source=str(p))
+    return parse_spec_text(text, source=str(p), base_dir=p.parent)

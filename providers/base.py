@@ -20,7 +20,9 @@ from typing import Self
 
 from pydantic import BaseModel, Field
 
+from broker.config import RuntimeConfig
 from broker.models import JobSpec, Market, Offer
+from providers.runtime.manifest import RunRequest
 
 OWNER_TAG = "lockstep:owner"  # tag/label key marking what Lockstep owns
 JOB_TAG = "lockstep:job"
@@ -83,6 +85,15 @@ class LaunchRequest(BaseModel):
     offer: Offer
     nodes: int = Field(ge=1)
     installation: str = "lockstep"  # owner tag value; lets two installs share an account
+    # What the in-job wrapper needs (docs/runtime.md), secrets resolved: the router sets it. Never stored.
+    run: RunRequest | None = None
+
+    def run_request(self) -> RunRequest:
+        """``run``, or one built from the spec alone (no secrets: for requests made outside the router)."""
+        if self.run is not None:
+            return self.run
+        return RunRequest.for_launch(self.spec, job_id=self.job_id, attempt=self.attempt, secrets={},
+                                     runtime=RuntimeConfig())
 
     @property
     def client_token(self) -> str:

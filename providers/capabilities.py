@@ -16,6 +16,7 @@ capability             methods                                          who has 
 :class:`HasSpotPriceHistory`  price_regions · spot_price_history          aws
 :class:`RunsBurnIn`    run_on_node (+ Launches, ListsNodes)             slurm
 :class:`Snapshot`      as_of (offers carry ``source=snapshot``)         catalog
+:class:`HasJobLogs`    job_log (+ Launches)                             aws, vast, slurm
 =====================  ===============================================  ====================
 
 A new ability (job logs, teardown, a Kubernetes pool's namespaces…) is one more mix-in
@@ -35,6 +36,7 @@ from providers.base import LaunchRequest, Provider
 
 __all__ = [
     "DrainsNodes",
+    "HasJobLogs",
     "HasSpotPriceHistory",
     "Launches",
     "ListsNodes",
@@ -168,3 +170,16 @@ class Snapshot(Provider):
     @abc.abstractmethod
     def as_of(self) -> datetime:
         """When the snapshot was taken."""
+
+
+class HasJobLogs(Launches):
+    """Reads what a job's in-job wrapper shipped: each node's log (docs/runtime.md).
+
+    Markets whose machines cannot reach the broker carry the log through object storage, the
+    market's own logs API or a shared directory; the broker reads it here while the job runs and
+    archives it when the attempt ends.
+    """
+
+    @abc.abstractmethod
+    async def job_log(self, alloc: Allocation, *, rank: int = 0) -> str:
+        """The node's log so far, in the wrapper's line format ('' when nothing has arrived yet)."""

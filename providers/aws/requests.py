@@ -177,7 +177,7 @@ def user_data(req: LaunchRequest) -> str | None:
         return None
     env = f"-e LOCKSTEP_JOB_ID={shlex.quote(req.job_id)} -e LOCKSTEP_ATTEMPT={req.attempt}"
     run = (f"docker run --rm --gpus all --network host --ipc host {env} "
-           f"{shlex.quote(req.spec.image)} bash -lc {shlex.quote(req.spec.command)}")
+           f"{shlex.quote(req.spec.container_image())} bash -lc {shlex.quote(req.spec.command)}")
     return "\n".join(["#!/bin/bash", f"# Lockstep job {req.job_id}, attempt {req.attempt}",
                       "set -euo pipefail", run]) + "\n"
 

@@ -34,7 +34,7 @@ def create_body(req: LaunchRequest, label: str) -> dict[str, Any]:
         bid = float(req.offer.attrs["min_bid"])
     return {
         "client_id": "me",
-        "image": spec.image,
+        "image": spec.container_image(),
         "env": {"LOCKSTEP_JOB_ID": req.job_id, "LOCKSTEP_ATTEMPT": str(req.attempt)},
         "price": bid,  # set = an interruptible bid at this $/h; null = on-demand
         "disk": spec.disk_gb,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from broker.config import BrokerConfig, Settings
+from broker.config import BrokerConfig, SecretsConfig, Settings
 from broker.lifecycle import JobLifecycle
 from broker.market import Marketplace
 from broker.models import (
@@ -24,6 +24,7 @@ from broker.models import (
     Colocate,
     Fabric,
     Job,
+    JobExit,
     JobSpec,
     JobState,
     Locality,
@@ -80,6 +81,7 @@ class MemoryProvider(Launches):
         self.held: dict[str, Allocation] = {}  # resource id → what it launched
         self.released: list[str] = []
         self.owned_calls = 0
+        self.exits: dict[str, JobExit] = {}  # resource id → how its command ended (as a wrapper reports it)
         self._ids = itertools.count(1)
 
     async def offers(self, query: OfferQuery | None = None) -> list[Offer]:
@@ -112,10 +114,19 @@ class MemoryProvider(Launches):
         for rid in alloc.resource_ids:
             self.held[rid] = self.held[rid].model_copy(update={"state": state})
 
+    def end(self, alloc: Allocation, exit: JobExit) -> None:
+        """The job's command ends (the machine keeps running, as a cloud machine does until released)."""
+        for rid in alloc.resource_ids:
+            self.exits[rid] = exit
+
     async def poll(self, alloc: Allocation) -> AllocationStatus:
         got = [self.held[r] for r in alloc.resource_ids if r in self.held]
         if not got:
             return AllocationStatus(state=AllocationState.released, reason="gone")
+        exit = self.exits.get(alloc.resource_ids[0])
+        if exit is not None:
+            state = AllocationState.succeeded if exit.succeeded else AllocationState.failed
+            return AllocationStatus(state=state, hosts=[f"host-{r}" for r in alloc.resource_ids], exit=exit)
         return AllocationStatus(state=got[0].state, hosts=[f"host-{r}" for r in alloc.resource_ids])
 
     async def release(self, alloc: Allocation) -> None:
@@ -134,9 +145,11 @@ def clock() -> datetime:
     return NOW
 
 
-async def router_over(store: Store, *providers: MemoryProvider, tries: int = 4) -> Router:
+async def router_over(store: Store, *providers: MemoryProvider, tries: int = 4,
+                      secrets: SecretsConfig | None = None) -> Router:
     """A router over these in-memory markets (refreshed once) and ``store``."""
-    settings = Settings(broker=BrokerConfig(installation="mem", max_launch_tries=tries))
+    settings = Settings(broker=BrokerConfig(installation="mem", max_launch_tries=tries),
+                        secrets=secrets or SecretsConfig())
     market = Marketplace({p.name: p for p in providers}, clock=clock)
     health = await market.refresh()
     assert all(h.ok for h in health.values()), health

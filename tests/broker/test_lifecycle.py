@@ -10,9 +10,9 @@ from datetime import datetime, timedelta
 
 from broker.errors import ProviderError
 from broker.lifecycle import JobLifecycle
-from broker.models import Allocation, AllocationState, Job, JobState
+from broker.models import Allocation, AllocationState, ExitReason, Job, JobExit, JobState
 from broker.store import Store
-from tests.broker.memory import NOW, MemoryProvider, placed_job, spec
+from tests.broker.memory import NOW, MemoryProvider, offer, placed_job, router_over, spec, submit_and_place
 
 
 class Clock:
@@ -27,7 +27,7 @@ async def poll(life: JobLifecycle, mem: MemoryProvider, alloc_id: str) -> JobSta
     """What the poll loop does for one allocation: ask the provider, let the lifecycle follow."""
     alloc = life.store.get_allocation(alloc_id)
     status = await mem.poll(alloc)
-    return await life.follow(alloc, status.state, status.reason, status.hosts)
+    return await life.follow(alloc, status.state, status.reason, status.hosts, status.exit)
 
 
 async def test_a_job_is_claimed_once(store: Store) -> None:
@@ -118,3 +118,57 @@ async def test_a_failed_release_is_left_live_for_reconciliation(store: Store) ->
     assert await poll(life, stuck, alloc.id) is None
     # Not recorded as released: still live, so reconciliation retries the release.
     assert [a.id for a in store.live_allocations()] == [alloc.id] and stuck.held
+
+
+async def test_a_command_that_exits_3_fails_the_job_and_releases_its_machine_without_a_cancel(store: Store) -> None:
+    mem, job, alloc = await placed_job(store)
+    clock = Clock()
+    life = JobLifecycle(store, {"mem": mem}, clock=clock)
+    mem.set_state(alloc, AllocationState.running)
+    assert await poll(life, mem, alloc.id) is JobState.running
+    clock.now = NOW + timedelta(minutes=30)
+    mem.end(alloc, JobExit(exit_code=3, last_lines=["step 9", "boom"]))
+    assert await poll(life, mem, alloc.id) is JobState.failed
+    failed = store.get_job(job.id)
+    assert failed.reason == "failed: exit code 3"
+    assert failed.events[-1].data == {"allocation": alloc.id, "exit_code": 3, "exit_reason": "exited", "node": 0,
+                                      "last_lines": ["step 9", "boom"]}
+    assert mem.released == alloc.resource_ids  # given back at this poll: no cancel, no waiting
+    assert store.get_allocation(alloc.id).state is AllocationState.failed
+    assert failed.spent_usd == 1.0  # half an hour at $2/h
+
+
+async def test_a_command_that_exits_0_succeeds_and_releases(store: Store) -> None:
+    mem, job, alloc = await placed_job(store)
+    life = JobLifecycle(store, {"mem": mem}, clock=Clock())
+    mem.end(alloc, JobExit(exit_code=0))
+    assert await poll(life, mem, alloc.id) is JobState.succeeded
+    assert store.get_job(job.id).reason == "finished: exit code 0"
+    assert mem.released == alloc.resource_ids
+
+
+async def test_a_job_stopped_at_its_max_duration_fails_with_that_reason(store: Store) -> None:
+    mem, job, alloc = await placed_job(store)
+    life = JobLifecycle(store, {"mem": mem}, clock=Clock())
+    mem.end(alloc, JobExit(exit_code=143, reason=ExitReason.max_duration))
+    assert await poll(life, mem, alloc.id) is JobState.failed
+    assert store.get_job(job.id).reason == "failed: stopped at its max_duration (exit code 143)"
+    assert mem.released == alloc.resource_ids
+
+
+async def test_the_broker_stops_a_job_whose_wrapper_overran_max_duration(store: Store) -> None:
+    mem = MemoryProvider("mem", [offer("mem", "a", 2.0)])
+    res = await submit_and_place(store, await router_over(store, mem), max_duration="1h")
+    assert res.placed
+    [alloc] = store.allocations(res.job.id)
+    clock = Clock()
+    life = JobLifecycle(store, {"mem": mem}, clock=clock)
+    mem.set_state(alloc, AllocationState.running)
+    assert await poll(life, mem, alloc.id) is JobState.running
+    clock.now = NOW + timedelta(hours=1, minutes=1)  # inside the wrapper's margin: left alone
+    assert await poll(life, mem, alloc.id) is None and not mem.released
+    clock.now = NOW + timedelta(hours=1, minutes=3)
+    assert await poll(life, mem, alloc.id) is JobState.failed
+    job = store.get_job(res.job.id)
+    assert job.reason == "max_duration 1h exceeded: stopped and released"
+    assert mem.released == alloc.resource_ids and job.spent_usd > 2.0

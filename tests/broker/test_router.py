@@ -8,10 +8,12 @@ test_e2e.py (capacity failover at moto), test_launch_races.py and test_crash.py.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from broker.config import SecretsConfig
 from broker.errors import BadRequestError, CapacityError, ProviderAuthError, QuotaError, TransientError
 from broker.models import AllocationState, Job, JobState, QuoteOption
 from broker.router import PlacementResult, Router
@@ -161,3 +163,27 @@ async def test_no_candidate_leaves_the_job_pending_with_the_reason(store: Store)
 
     assert not res.placed and res.job.state is JobState.pending and not mem.launches
     assert res.reason.startswith("no feasible offer") and res.job.reason == res.reason
+
+
+async def test_a_secret_no_source_has_fails_the_job_before_any_launch(store: Store) -> None:
+    mem = MemoryProvider("mem", [offer("mem", "a", 1.0)])
+    res = await place(await router_over(store, mem), secrets=["HF_TOKEN"])
+    assert not res.placed and res.job.state is JobState.failed
+    assert "no secret named 'HF_TOKEN'" in res.job.reason and "LOCKSTEP_SECRET_HF_TOKEN" in res.job.reason
+    assert mem.launches == []
+
+
+async def test_secrets_reach_the_launch_request_and_nothing_the_store_keeps(store: Store, tmp_path: Path) -> None:
+    value = "hf_live_9c1f0e4b7a"
+    (tmp_path / "hf-prod").write_text(value + "\n")
+    mem = MemoryProvider("mem", [offer("mem", "a", 1.0)])
+    router = await router_over(store, mem, secrets=SecretsConfig(dir=str(tmp_path)))
+    res = await place(router, secrets={"HF_TOKEN": "hf-prod"}, env={"MODE": "x"})
+    assert res.placed, res.reason
+    [req] = mem.launches
+    assert req.run is not None and req.run.secret_values() == {"HF_TOKEN": value}
+    assert req.run.env == {"MODE": "x"} and req.run.job_id == res.job.id and req.run.attempt == 1
+    assert value not in repr(req) and value not in req.model_dump_json()
+    stored = [store.get_job(res.job.id).model_dump_json(),
+              *(a.model_dump_json() for a in store.allocations(res.job.id))]
+    assert not any(value in blob for blob in stored)

@@ -111,7 +111,7 @@ def test_runtime_read_from_the_image_name(image: str, runtime: Runtime | None) -
 
 def test_runtime_from_spec_image_or_gpus() -> None:
     amd = parse_spec_text("name: a\ngpu: MI300X:8\nworkload: {hours: 1}\n")
-    assert amd.runtime is Runtime.rocm and amd.image.startswith("rocm/")
+    assert amd.runtime is Runtime.rocm and amd.image is None and amd.container_image().startswith("rocm/")
     assert parse_spec(amd.model_dump(mode="json")) == amd  # stored specs read back alike
     assert parse_spec_text("name: a\ngpu: H100:8\nworkload: {hours: 1}\n").runtime is Runtime.cuda
     neutral = parse_spec_text("name: a\ngpu: any\ngpus: 1\nimage: python:3.12\nworkload: {hours: 1}\n")

@@ -29,7 +29,7 @@ async def test_rent_poll_destroy_and_find_again_by_label(vast_api, vast_config):
     assert create["path"] == f"/api/v0/asks/{ask_id}/"
     body = create["body"]
     assert body["label"] == "lockstep:ci:job-41:0" and body["price"] is None
-    assert body["image"] == req.spec.image and body["onstart"] == req.spec.command and body["disk"] == 50.0
+    assert body["image"] == req.spec.container_image() and body["onstart"] == req.spec.command and body["disk"] == 50.0
     assert vast_api.state.instances[iid]["label"] == "lockstep:ci:job-41:0"
 
     # The rented ask leaves the market.

@@ -80,6 +80,12 @@ def _mount_optional() -> None:
         register_burnin(app)
     except ImportError:
         pass
+    try:
+        from broker.cli.simulate import register as register_simulate
+
+        register_simulate(app)
+    except ImportError:
+        pass
 
 
 _mount_optional()

@@ -30,6 +30,7 @@ import numpy as np
 
 from broker.errors import SpecError
 from broker.models import Fabric, JobSpec, Market, QuoteOption
+from broker.simulate.traces import SpotTrace
 from policies.placement import candidates, decide, rebalance
 from policies.risk import DEFAULT_PREEMPTIONS_PER_HOUR, trace_preemption_rate
 from policies.spot import SpotMarket, availability_model, current_run
@@ -132,7 +133,7 @@ class DeadlineResult:
     ondemand_hours: float
     finish_hour: float | None  # None: the job never finished (the policy left it idle)
     met_deadline: bool
-    preemptions: int = 0
+    preemptions: int | None = 0  # None: not tracked (the optimum is a cost, not a replay)
     changeovers: int = 0
     segments: list[Segment] = field(default_factory=list, repr=False)
 
@@ -537,13 +538,15 @@ def optimal(job: DeadlineJob | JobSeconds, available: np.ndarray | Sequence[bool
                   None if free_paid is None else np.broadcast_to(free_paid[keep:] + k * gap, (2, W - keep)))
     best_cost, best_paid, best_end = best
     if not math.isfinite(best_cost):
-        return DeadlineResult("optimal", math.inf, 0.0, 0.0, None, False)
+        return DeadlineResult("optimal", math.inf, 0.0, 0.0, None, False, preemptions=None)
     p, q = js.spot_price, js.ondemand_price
     spot_s = od_s = math.nan
     if split:  # cost = (p × spot + q × on-demand) / 3600 and paid = spot + on-demand
         spot_s = min(max((q * best_paid - 3600.0 * best_cost) / (q - p), 0.0), best_paid) if q != p else 0.0
         od_s = best_paid - spot_s
-    return DeadlineResult("optimal", best_cost, spot_s / 3600.0, od_s / 3600.0, best_end / 3600.0, True)
+    starts = round((best_paid - C) / d) if d else 0  # every start pays one changeover
+    return DeadlineResult("optimal", best_cost, spot_s / 3600.0, od_s / 3600.0, best_end / 3600.0, True,
+                          preemptions=None, changeovers=starts)
 
 
 # --------------------------------------------------------------------------- registry
@@ -563,3 +566,24 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "uniform-progress": UniformProgress,
 }
 POLICY_NAMES = ("ondemand", "greedy", "uniform-progress", "lockstep", "lockstep-today", "optimal")
+
+
+def run_deadline(trace: SpotTrace, job: DeadlineJob, policy: str, start_hour: float = 0.0) -> DeadlineResult:
+    """One job submitted ``start_hour`` hours into ``trace``, under ``policy`` (a name of POLICY_NAMES).
+
+    The trace must cover the job's whole window (submission to deadline); the part before the
+    submission is the history ``lockstep`` learns the market from.
+    """
+    job.validate()
+    if policy not in POLICY_NAMES:
+        raise SpecError("--policy", f"unknown policy {policy!r} (one of {', '.join(POLICY_NAMES)})")
+    if not math.isfinite(start_hour) or start_hour < 0:
+        raise SpecError("--start-hour", f"must be zero or more, not {start_hour:g}")
+    if start_hour + job.deadline_hours > trace.hours + 1e-9:
+        raise SpecError("--deadline-hours", f"the trace covers {trace.hours:.2f} h; a job submitted at hour "
+                                            f"{start_hour:g} with a {job.deadline_hours:g} h deadline runs past it")
+    first = int(start_hour * 3600 // trace.gap_seconds)
+    window = trace.available[first:]
+    if policy == "optimal":
+        return optimal(job, window, trace.gap_seconds)
+    return simulate(job, window, trace.gap_seconds, make_policy(policy, trace.available[:first], trace.gap_seconds))

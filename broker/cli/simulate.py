@@ -151,8 +151,9 @@ def _history(settings: Settings, since_days: float) -> Any:
 
 def _advice_table(a: Advice) -> None:
     u = a.usage
-    console.print(f"[bold]{u['gpu_hours_per_week']:,.0f} GPU-hours a week[/] ({u['source']}: {u['gpu_hours']:,.0f} "
-                  f"GPU-hours over {u['span_hours']:,.0f} h; mean {u['mean_gpus']:.1f} GPUs, peak {u['peak_gpus']:.1f})")
+    console.print(f"[bold]{u['gpu_hours_per_week']:,.0f} GPU-hours a week[/] ({u['source']}: "
+                  f"{u['gpu_hours']:,.0f} GPU-hours over {u['span_hours']:,.0f} h; mean {u['mean_gpus']:.1f} GPUs, "
+                  f"peak {u['peak_gpus']:.1f})")
     t = Table()
     for col in ("plan", "USD per year", "owned GPUs", "owned utilisation", "rented GPU-hours/year"):
         t.add_column(col, justify="left" if col == "plan" else "right")

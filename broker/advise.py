@@ -82,13 +82,17 @@ class Usage:
         return float(hourly.max()) if len(hourly) else 0.0
 
 
-def usage_from_intervals(intervals: Iterable[Interval], source: str) -> Usage:
-    """Build the load profile from run intervals (hours from any common origin)."""
+def usage_from_intervals(intervals: Iterable[Interval], source: str, until_h: float | None = None) -> Usage:
+    """Build the load profile from run intervals (hours from any common origin).
+
+    The span runs from the first start to the last end, or to ``until_h`` (now, for a history:
+    quiet hours since the last job count as unused).
+    """
     items = [i for i in intervals if i.end_h > i.start_h and i.gpus > 0]
     if not items:
         raise SpecError("usage", f"{source}: no GPU-hours to advise on")
     t0 = min(i.start_h for i in items)
-    t1 = max(i.end_h for i in items)
+    t1 = max(max(i.end_h for i in items), until_h if until_h is not None else -math.inf)
     bins = max(1, math.ceil((t1 - t0) / BIN_HOURS))
     load = np.zeros(bins + 1)
     gpu_hours = interruptible = 0.0
@@ -131,7 +135,7 @@ def usage_from_history(usage_rows: Sequence[dict[str, Any]], allocations: Sequen
         start = as_utc(a.created_at).timestamp() / 3600.0
         end = (as_utc(now) if state in live else as_utc(a.updated_at)).timestamp() / 3600.0
         intervals.append(Interval(start, end, gpus[a.job_id], a.job_id in interruptible_jobs))
-    return usage_from_intervals(intervals, "job history")
+    return usage_from_intervals(intervals, "job history", until_h=as_utc(now).timestamp() / 3600.0)
 
 
 @dataclass(frozen=True)

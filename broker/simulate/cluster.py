@@ -142,12 +142,13 @@ def catalog_book() -> OfferBook:
 @lru_cache(maxsize=64)
 def cloud_rates(gpu: str, gpus: int, interruptible: bool) -> dict[Market, QuoteOption]:
     """The broker's ranking for one hour of a job of this shape: the best option per cloud market."""
-    spec = JobSpec(name="cluster-job", gpu=[gpu], gpus=gpus, workload={"hours": 1.0}, interruptible=interruptible)
-    q = quote(catalog_book(), spec, now=EPOCH, top=50)
     best: dict[Market, QuoteOption] = {}
-    for o in q.options:
-        if o.market in (Market.spot, Market.on_demand) and o.market not in best:
-            best[o.market] = o
+    for market in (Market.on_demand, Market.spot) if interruptible else (Market.on_demand,):
+        spec = JobSpec(name="cluster-job", gpu=[gpu], gpus=gpus, workload={"hours": 1.0}, markets=[market],
+                       interruptible=interruptible)
+        q = quote(catalog_book(), spec, now=EPOCH, top=1)
+        if q.options:
+            best[market] = q.options[0]
     if Market.on_demand not in best:
         raise SpecError("--gpu", f"the bundled catalog has no on-demand offer for {gpus} × {gpu}")
     return best

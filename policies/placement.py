@@ -23,12 +23,12 @@ recorded traces.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from broker.models import JobSpec, Market, QuoteOption
+from broker.models import Allocation, AllocationState, JobSpec, Market, QuoteOption
 from policies.spot import SpotChoice, SpotMarket, spot_choice
 
 CLOUD_MARKETS = frozenset({Market.spot, Market.on_demand})
@@ -82,6 +82,28 @@ def spot_allowed(
     numbers.update(hours_left=round(left_h, 3), on_demand_hours=round(on_demand_hours, 3),
                    slack_hours=round(slack, 3), spot_expected_loss_hours=round(expected_loss_h, 3))
     return slack > expected_loss_h, numbers
+
+
+def progress_hours(allocations: Iterable[Allocation], now: datetime, *, restart_minutes: float,
+                   checkpoint_minutes: float) -> float:
+    """Work a job has kept from its attempts, in hours (``done_hours`` for :func:`decide` and :func:`rebalance`).
+
+    Each allocation counts from ``attrs["running_since"]`` to its end (its last update once it
+    ended, ``now`` while it runs), less the restart it began with; a preempted one also loses
+    half a checkpoint interval of work. Allocations that never ran count nothing.
+    """
+    total = 0.0
+    for a in allocations:
+        since = a.attrs.get("running_since")
+        if not since:
+            continue
+        end = now if a.state in (AllocationState.pending, AllocationState.running) else a.updated_at
+        ran = (end - datetime.fromisoformat(since)).total_seconds() / 3600.0
+        kept = max(0.0, ran - restart_minutes / 60.0)
+        if a.state is AllocationState.preempted:
+            kept = max(0.0, kept - checkpoint_minutes / 120.0)
+        total += kept
+    return total
 
 
 def decide(

@@ -53,6 +53,9 @@ DEFAULT_BUCKETS = 8  # ages tracked per side; the last bucket holds every older 
 PRIOR_UP_HOURS = 2.0
 PRIOR_DOWN_HOURS = 1.0
 PRIOR_RUNS = 4.0
+# A job plans with the model of its market as it was at its submission, learnt from the week
+# before: one model per job, so its plan is solved once (and shared by jobs submitted together).
+MODEL_WINDOW_HOURS = 168.0
 
 
 @dataclass(frozen=True)
@@ -159,18 +162,23 @@ class SpotMarket:
     age_hours: float
 
 
-def spot_market(series: Sequence[bool] | np.ndarray, gap_seconds: float, *, model_ticks: int | None = None,
-                step_hours: float = DEFAULT_STEP_HOURS, buckets: int = DEFAULT_BUCKETS) -> SpotMarket:
-    """A :class:`SpotMarket` from an availability history that ends now.
+def model_span(submitted_tick: int, gap_seconds: float) -> tuple[int, int]:
+    """The ticks ``[start, end)`` of a series a job's model is built from: the week before its submission."""
+    return max(0, submitted_tick - int(MODEL_WINDOW_HOURS * 3600.0 // gap_seconds)), submitted_tick
 
-    ``model_ticks``: build the model from the first ``model_ticks`` ticks only (the history up to
-    the job's submission, so a job keeps one model and its plan is solved once); the present
-    (up or down, since when) always comes from the whole series.
+
+def spot_market(series: Sequence[bool] | np.ndarray, gap_seconds: float, *, submitted_tick: int | None = None,
+                step_hours: float = DEFAULT_STEP_HOURS, buckets: int = DEFAULT_BUCKETS) -> SpotMarket:
+    """A :class:`SpotMarket` from an availability history that ends now (the live broker's helper).
+
+    The model comes from the week before the job's submission (``submitted_tick``, default:
+    now); the present (up or down, since when) from the whole series.
     """
     arr = np.asarray(series, dtype=bool)
-    past = arr if model_ticks is None else arr[:model_ticks]
+    start, end = model_span(len(arr) if submitted_tick is None else submitted_tick, gap_seconds)
     up, age = current_run(arr, gap_seconds)
-    return SpotMarket(availability_model(past, gap_seconds, step_hours=step_hours, buckets=buckets), up, age)
+    model = availability_model(arr[start:end], gap_seconds, step_hours=step_hours, buckets=buckets)
+    return SpotMarket(model, up, age)
 
 
 # --------------------------------------------------------------------------- the plan

@@ -45,15 +45,13 @@ from policies.book import OfferBook
 from policies.placement import candidates, decide, rebalance
 from policies.ranking import quote
 from policies.risk import DEFAULT_PREEMPTIONS_PER_HOUR, trace_preemption_rate
-from policies.spot import SpotMarket, availability_model, current_run
+from policies.spot import SpotMarket, availability_model, current_run, model_span
 from providers import slurm_api as api
 from providers.catalog import catalog_offers
 from providers.slurm import QueueModel
 
 CLUSTER_POLICIES = ("onprem-only", "cloud-only", "cheapest-first", "lockstep")
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
-MODEL_REFRESH_HOURS = 24.0  # the spot market model is rebuilt once a day ...
-MODEL_WINDOW_HOURS = 168.0  # ... from the week before
 
 
 @dataclass(frozen=True)
@@ -182,12 +180,9 @@ class SpotAvailability:
                 return j * self.gap_h
         return math.inf
 
-    def history(self, t: float, hours: float) -> np.ndarray:
-        """Availability per tick over ``hours`` before ``t`` (the tick holding ``t`` included)."""
-        end = self.tick(t) + 1
-        start = max(0, end - int(hours / self.gap_h))
-        idx = np.arange(start, end) % self.n
-        return self.trace.available[idx]
+    def ticks(self, start: int, end: int) -> np.ndarray:
+        """Availability of ticks ``[start, end)`` of the repeated trace."""
+        return self.trace.available[np.arange(max(0, start), end) % self.n]
 
 
 class Cluster:
@@ -222,7 +217,7 @@ class Cluster:
         rate = trace_preemption_rate({"metadata": {"gap_seconds": spot.trace.gap_seconds},
                                       "data": spot.trace.available.astype(int).tolist()})
         self.preempt_rate = rate.per_hour if rate.instance_hours > 0 else DEFAULT_PREEMPTIONS_PER_HOUR
-        self.models: dict[int, Any] = {}
+        self.models: dict[tuple[int, int], Any] = {}
         self.attempt_of: dict[int, int] = {}  # the cloud attempt a "cloud_done" event belongs to
 
     # ------------------------------------------------------------------ events
@@ -390,13 +385,13 @@ class Cluster:
 
     def spot_market(self, job: SimJob, now: float) -> SpotMarket:
         """The market as the broker knows it: the model of the day of submission, the present from the trace."""
-        day = int(job.arrival // MODEL_REFRESH_HOURS)
-        model = self.models.get(day)
+        gap = self.spot.trace.gap_seconds
+        span = model_span(self.spot.tick(job.arrival), gap)
+        model = self.models.get(span)
         if model is None:
-            model = availability_model(self.spot.history(day * MODEL_REFRESH_HOURS - 1e-9, MODEL_WINDOW_HOURS),
-                                       self.spot.trace.gap_seconds)
-            self.models[day] = model
-        up, age = current_run(self.spot.history(now, 24.0), self.spot.trace.gap_seconds)
+            model = self.models[span] = availability_model(self.spot.ticks(*span), gap)
+        here = self.spot.tick(now)
+        up, age = current_run(self.spot.ticks(here - int(24 / self.spot.gap_h), here + 1), gap)
         return SpotMarket(model, up, age)
 
     def place(self, job: SimJob, now: float) -> None:

@@ -33,7 +33,7 @@ from broker.models import Fabric, JobSpec, Market, QuoteOption
 from broker.simulate.traces import SpotTrace
 from policies.placement import candidates, decide, rebalance
 from policies.risk import DEFAULT_PREEMPTIONS_PER_HOUR, trace_preemption_rate
-from policies.spot import SpotMarket, availability_model, current_run
+from policies.spot import SpotMarket, availability_model, current_run, model_span
 
 
 class Mode(IntEnum):
@@ -341,9 +341,10 @@ class Lockstep:
     plan says so and spot can be had); a running spot instance runs until the trace takes it.
 
     Inputs, as the broker would pass them: the progress kept (``done_hours``), the market model
-    from the availability history *before* the job's submission (``history``; empty: the prior
-    alone) and the present of that market (up or down, since when: from the same series up to
-    now), the changeover as the restart time, and the tick as the decision interval.
+    from the availability history before the job's submission (``history``: the week before it,
+    ``policies.spot.model_span``; none: the prior alone), the present of
+    that market (up or down, since when: from the same series up to now), the changeover as the
+    restart time, and the tick as the decision interval.
     """
 
     name = "lockstep"
@@ -356,7 +357,8 @@ class Lockstep:
         self.job, self.gap = job, gap
         self.spec = _sim_spec(job)
         self.options = _options(job)
-        self.model = availability_model(self.history, gap)
+        start, end = model_span(len(self.history), gap)
+        self.model = availability_model(self.history[start:end], gap)
         self.up, self.run_ticks = current_run(self.history, gap)[0], 0
         if len(self.history):
             self.run_ticks = round(current_run(self.history, gap)[1] * 3600 / gap) + 1

@@ -7,14 +7,24 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from broker.models import Market
-from broker.simulate.deadline import DeadlineJob, Lockstep, _options, _sim_spec
-from policies.placement import candidates, decide, rebalance
+from broker.models import Allocation, AllocationState, Market
+from broker.simulate.deadline import (
+    CHECKPOINT_MINUTES,
+    DeadlineJob,
+    Lockstep,
+    Mode,
+    _options,
+    _sim_spec,
+    make_policy,
+    simulate,
+)
+from policies.placement import candidates, decide, progress_hours, rebalance
 from policies.spot import (
     AvailabilityModel,
     SpotMarket,
     availability_model,
     current_run,
+    model_span,
     must_run_on_demand,
     spot_choice,
     spot_market,
@@ -120,6 +130,34 @@ def test_the_simulator_sees_the_market_as_the_live_helper_builds_it() -> None:
     policy.start(job, 600)
     for i, available in enumerate(trace):
         got = policy._market(bool(available))
-        want = spot_market(np.concatenate([history, trace[: i + 1]]), 600, model_ticks=len(history))
+        want = spot_market(np.concatenate([history, trace[: i + 1]]), 600, submitted_tick=len(history))
         assert got.model == want.model and got.up == want.up
         assert got.age_hours == pytest.approx(want.age_hours)
+
+
+def test_model_span_is_the_week_before_submission() -> None:
+    assert model_span(6 * 24 * 10 + 50, 600) == (6 * 24 * 3 + 50, 6 * 24 * 10 + 50)
+    assert model_span(100, 600) == (0, 100)
+    assert model_span(0, 600) == (0, 0)  # no history: the prior alone
+
+
+def test_progress_hours_is_what_the_simulator_counts() -> None:
+    """The live helper for done_hours, over allocations shaped like the simulator's attempts, gives its progress."""
+    job = DeadlineJob(10, 16, 0.2, 0.9, 3.06)
+    avail = [(i // 9) % 3 != 2 for i in range(200)]  # spot for 1.5 h of every 2.25 h
+    policy = make_policy("greedy", [], 600)
+    r = simulate(job, avail, 600, policy)
+    for cut in range(1, len(r.segments) + 1):
+        allocs = []
+        for i, seg in enumerate(r.segments[:cut]):
+            ended = i < cut - 1 or cut == len(r.segments)
+            state = (AllocationState.preempted if seg.mode is Mode.spot and ended and cut != len(r.segments)
+                     else AllocationState.released if ended else AllocationState.running)
+            allocs.append(Allocation(id=f"a{i}", job_id="j", provider="sim", state=state,
+                                     created_at=NOW + timedelta(seconds=seg.start),
+                                     updated_at=NOW + timedelta(seconds=seg.end),
+                                     attrs={"running_since": (NOW + timedelta(seconds=seg.start)).isoformat()}))
+        now = NOW + timedelta(seconds=r.segments[cut - 1].end)
+        want = sum(s.work for s in r.segments[:cut]) / 3600
+        got = progress_hours(allocs, now, restart_minutes=12, checkpoint_minutes=CHECKPOINT_MINUTES)
+        assert got == pytest.approx(want, abs=1e-6)

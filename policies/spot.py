@@ -47,6 +47,7 @@ from broker.models import Market
 IDLE, SPOT, ON_DEMAND = 0, 1, 2
 UNREACHABLE = 1e9  # the value of a state that cannot finish in time (finite: it is multiplied by zero chances)
 DEFAULT_STEP_HOURS = 0.1  # the plan's time step (a history with coarser ticks plans on its ticks)
+MAX_PLAN_STEPS = 1500  # a longer job plans on coarser steps, so one plan is solved in well under a second
 DEFAULT_BUCKETS = 8  # ages tracked per side; the last bucket holds every older age
 # The prior, when history is short: spot that stays about 2 h and outages of about 1 h, worth
 # two observed runs each. History dominates as soon as it holds a few runs.
@@ -89,6 +90,11 @@ class AvailabilityModel:
             return total * self.step_hours
         return {"spot_up_hours": round(mean_run(self.up_hazard), 3),
                 "spot_down_hours": round(mean_run(self.down_hazard), 3)}
+
+
+def plan_step_hours(deadline_hours: float) -> float:
+    """The plan step for a job with this long to its deadline (from submission)."""
+    return max(DEFAULT_STEP_HOURS, deadline_hours / MAX_PLAN_STEPS)
 
 
 def plan_step(gap_seconds: float, step_hours: float = DEFAULT_STEP_HOURS) -> int:
@@ -172,7 +178,8 @@ def spot_market(series: Sequence[bool] | np.ndarray, gap_seconds: float, *, subm
     """A :class:`SpotMarket` from an availability history that ends now (the live broker's helper).
 
     The model comes from the week before the job's submission (``submitted_tick``, default:
-    now); the present (up or down, since when) from the whole series.
+    now), on the plan step of the job (``step_hours``: :func:`plan_step_hours` of its deadline);
+    the present (up or down, since when) from the whole series.
     """
     arr = np.asarray(series, dtype=bool)
     start, end = model_span(len(arr) if submitted_tick is None else submitted_tick, gap_seconds)
@@ -335,7 +342,7 @@ def spot_choice(
     s = n - math.ceil(work_left_hours / step - 1e-9)
     if s < 0:
         return SpotChoice(on_demand_now, on_demand_now, "no slack left on the plan's steps: on-demand", numbers)
-    k = round(changeover_hours / step)
+    k = max(1, round(changeover_hours / step)) if changeover_hours > 0 else 0  # a start always costs a step
     ratio = round(spot_usd_per_hour / ondemand_usd_per_hour, 3) if ondemand_usd_per_hour > 0 else 1.0
     # Plans are cached per market model, changeover and price ratio.
     table = plan_table(model, k, ratio, n, s)

@@ -45,7 +45,7 @@ from policies.book import OfferBook
 from policies.placement import candidates, decide, rebalance
 from policies.ranking import quote
 from policies.risk import DEFAULT_PREEMPTIONS_PER_HOUR, trace_preemption_rate
-from policies.spot import SpotMarket, availability_model, current_run, model_span
+from policies.spot import SpotMarket, availability_model, current_run, model_span, plan_step_hours
 from providers import slurm_api as api
 from providers.catalog import catalog_offers
 from providers.slurm import QueueModel
@@ -217,7 +217,7 @@ class Cluster:
         rate = trace_preemption_rate({"metadata": {"gap_seconds": spot.trace.gap_seconds},
                                       "data": spot.trace.available.astype(int).tolist()})
         self.preempt_rate = rate.per_hour if rate.instance_hours > 0 else DEFAULT_PREEMPTIONS_PER_HOUR
-        self.models: dict[tuple[int, int], Any] = {}
+        self.models: dict[tuple[tuple[int, int], float], Any] = {}
         self.attempt_of: dict[int, int] = {}  # the cloud attempt a "cloud_done" event belongs to
 
     # ------------------------------------------------------------------ events
@@ -387,9 +387,10 @@ class Cluster:
         """The market as the broker knows it: the model of the day of submission, the present from the trace."""
         gap = self.spot.trace.gap_seconds
         span = model_span(self.spot.tick(job.arrival), gap)
-        model = self.models.get(span)
+        step = plan_step_hours(job.deadline - job.arrival)
+        model = self.models.get((span, step))
         if model is None:
-            model = self.models[span] = availability_model(self.spot.ticks(*span), gap)
+            model = self.models[(span, step)] = availability_model(self.spot.ticks(*span), gap, step_hours=step)
         here = self.spot.tick(now)
         up, age = current_run(self.spot.ticks(here - int(24 / self.spot.gap_h), here + 1), gap)
         return SpotMarket(model, up, age)

@@ -33,7 +33,7 @@ from broker.models import Fabric, JobSpec, Market, QuoteOption
 from broker.simulate.traces import SpotTrace
 from policies.placement import candidates, decide, rebalance
 from policies.risk import DEFAULT_PREEMPTIONS_PER_HOUR, trace_preemption_rate
-from policies.spot import SpotMarket, availability_model, current_run, model_span
+from policies.spot import SpotMarket, availability_model, current_run, model_span, plan_step_hours
 
 
 class Mode(IntEnum):
@@ -358,7 +358,8 @@ class Lockstep:
         self.spec = _sim_spec(job)
         self.options = _options(job)
         start, end = model_span(len(self.history), gap)
-        self.model = availability_model(self.history[start:end], gap)
+        self.model = availability_model(self.history[start:end], gap,
+                                        step_hours=plan_step_hours(job.deadline / 3600.0))
         self.up, self.run_ticks = current_run(self.history, gap)[0], 0
         if len(self.history):
             self.run_ticks = round(current_run(self.history, gap)[1] * 3600 / gap) + 1

@@ -155,12 +155,12 @@ def cluster_report(results: list[dict]) -> None:
     print("\nCluster: Alibaba GPU trace (H100 prices from the bundled catalog; cost relative to cloud-only)")
     cloud = next(r["cost"] for r in results if r["policy"] == "cloud-only")
     print(f"{'pool':>5} {'policy':<15}{'cost $':>11}{'rel':>7}{'owned $':>11}{'spot $':>9}{'on-demand $':>12}"
-          f"{'mean wait h':>12}{'p95 wait h':>11}{'misses':>8}{'burst':>7}{'util':>6}")
+          f"{'mean wait h':>12}{'p95 wait h':>11}{'misses':>8}{'burst':>7}{'util':>6}{'hours':>7}")
     for r in results:
         c = r["cost_by_market"]
         print(f"{r['onprem_gpus']:>5} {r['policy']:<15}{r['cost']:>11,.0f}{r['cost'] / cloud:>7.2f}{c['owned']:>11,.0f}"
               f"{c['spot']:>9,.0f}{c['on_demand']:>12,.0f}{r['mean_wait_hours']:>12.2f}{r['p95_wait_hours']:>11.2f}"
-              f"{r['deadline_misses']:>8,}{r['burst_share']:>7.1%}{r['onprem_utilisation']:>6.0%}")
+              f"{r['deadline_misses']:>8,}{r['burst_share']:>7.1%}{r['onprem_utilisation']:>6.0%}{r['hours']:>7,.0f}")
 
 
 def chart(table: dict, cluster: list[dict], path: str) -> None:

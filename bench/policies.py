@@ -22,7 +22,7 @@ waits, misses and the share of jobs that burst.
 
 It writes a PNG chart of both (``--png``) and times one deadline job over a 45-day trace.
 
-    python bench/policies.py                   # everything, ../shared/data, policies.png
+    python bench/policies.py                   # everything, ../shared/data, <tmp>/lockstep-policies.png
     python bench/policies.py --data DIR --png out.png --workers 2
 """
 
@@ -32,6 +32,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
@@ -238,7 +239,7 @@ def time_45_days(data: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
-    ap.add_argument("--png", default="policies.png")
+    ap.add_argument("--png", default=str(Path(tempfile.gettempdir()) / "lockstep-policies.png"))
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
     data = Path(args.data)

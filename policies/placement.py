@@ -10,22 +10,31 @@ recorded traces.
   queue would make the job miss its deadline, or the wait exceeds the
   configured limit, and the cloud's extra cost fits the tenant's budget.
   ``onprem_only`` never bursts; ``cloud_ok: false`` never leaves.
-- **Spot vs on-demand** ("uniform progress", after Wu et al., *Can't Be Late*,
-  NSDI'24): a job that tolerates preemption uses spot while its deadline has
-  slack for the preemptions it may suffer; as slack runs out it falls back to
-  on-demand so it still finishes in time.
+- **Spot vs on-demand** (after Wu et al., *Can't Be Late*, NSDI'24): a job that
+  tolerates preemption uses spot while its deadline has slack for the preemptions
+  it may suffer; as slack runs out it falls back to on-demand so it still finishes
+  in time. Given the market's availability history (``spot_market``) and the
+  progress the job has kept (``done_hours``), the choice is planned instead
+  (policies.spot): spot if it can be had, and otherwise on-demand *or wait* — a
+  decision with ``on_demand_fallback=False`` leaves the job pending until spot can
+  be had — and a job running on on-demand moves back to spot when the plan says so
+  (:func:`rebalance`, the decision the broker takes for running on-demand jobs).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from broker.models import JobSpec, Market, QuoteOption
+from broker.models import Allocation, AllocationState, JobSpec, Market, QuoteOption
+from policies.spot import SpotChoice, SpotMarket, spot_choice
 
 CLOUD_MARKETS = frozenset({Market.spot, Market.on_demand})
+# How long until the live broker decides again for a pending job (its retry, 15 s) plus a poll (5 s)
+# and some launch latency: the margin the spot plan's safety net keeps.
+DECISION_INTERVAL_HOURS = 1.0 / 60.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,9 @@ class Decision:
     reason: str
     allow_spot: bool
     numbers: dict[str, Any] = field(default_factory=dict)
+    # False: spot or nothing — when no spot can be had the job waits (stays pending) rather than
+    # paying for on-demand, because its deadline has slack to spare.
+    on_demand_fallback: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +84,28 @@ def spot_allowed(
     return slack > expected_loss_h, numbers
 
 
+def progress_hours(allocations: Iterable[Allocation], now: datetime, *, restart_minutes: float,
+                   checkpoint_minutes: float) -> float:
+    """Work a job has kept from its attempts, in hours (``done_hours`` for :func:`decide` and :func:`rebalance`).
+
+    Each allocation counts from ``attrs["running_since"]`` to its end (its last update once it
+    ended, ``now`` while it runs), less the restart it began with; a preempted one also loses
+    half a checkpoint interval of work. Allocations that never ran count nothing.
+    """
+    total = 0.0
+    for a in allocations:
+        since = a.attrs.get("running_since")
+        if not since:
+            continue
+        end = now if a.state in (AllocationState.pending, AllocationState.running) else a.updated_at
+        ran = (end - datetime.fromisoformat(since)).total_seconds() / 3600.0
+        kept = max(0.0, ran - restart_minutes / 60.0)
+        if a.state is AllocationState.preempted:
+            kept = max(0.0, kept - checkpoint_minutes / 120.0)
+        total += kept
+    return total
+
+
 def decide(
     spec: JobSpec,
     options: Sequence[QuoteOption],
@@ -81,16 +115,38 @@ def decide(
     max_queue_wait_hours: float,
     budget_left_usd: float | None = None,
     preemptions_per_hour: float = 0.05,
+    done_hours: float = 0.0,
+    spot_market: SpotMarket | None = None,
+    restart_minutes: float = 10.0,
+    decision_interval_hours: float = DECISION_INTERVAL_HOURS,
 ) -> Decision:
-    """Choose where to route a job among its feasible options (already ranked by job cost)."""
+    """Choose where to route a job among its feasible options (already ranked by job cost).
+
+    ``done_hours``: progress the job has kept from earlier attempts (on the on-demand options'
+    speed); the work left is what the spot choice weighs. ``spot_market``: the availability
+    history of the market the job's first spot option is in; with it (and a deadline), spot vs
+    on-demand vs waiting is planned (policies.spot), without it the slack rule decides.
+    ``decision_interval_hours``: how long until the broker decides again for this job.
+    """
     reserved = [o for o in options if o.market is Market.reserved]
     onprem = [o for o in options if o.market is Market.owned]
     on_demand = [o for o in options if o.market is Market.on_demand]
     cloud = [o for o in options if o.market in CLOUD_MARKETS]
 
     od_hours = min((o.expected_hours for o in on_demand), default=None)
-    allow_spot, spot_numbers = spot_allowed(spec, now=now, deadline=deadline, on_demand_hours=od_hours,
-                                            preemptions_per_hour=preemptions_per_hour)
+    work_left = None if od_hours is None else max(od_hours - done_hours, 0.0)
+    fallback = True
+    planned = _planned(spec, options, now=now, deadline=deadline, work_left=work_left, running=None,
+                       spot_market=spot_market, restart_minutes=restart_minutes,
+                       decision_interval_hours=decision_interval_hours)
+    if planned is not None:
+        allow_spot = planned.if_available is Market.spot
+        fallback = not allow_spot or planned.if_unavailable is Market.on_demand
+        spot_numbers = {**planned.numbers, "spot_plan": planned.reason}
+    else:
+        allow_spot, spot_numbers = spot_allowed(spec, now=now, deadline=deadline, on_demand_hours=work_left,
+                                                preemptions_per_hour=preemptions_per_hour,
+                                                restart_minutes=restart_minutes)
     if reserved and not (spec.onprem_only or not spec.cloud_ok):
         return Decision("reserved", "unused reserved capacity is already paid for", allow_spot,
                         {"reserved_usd_per_hour": reserved[0].usd_per_hour, **spot_numbers})
@@ -98,7 +154,11 @@ def decide(
     if not onprem:
         if spec.onprem_only or not spec.cloud_ok:
             return Decision("wait", "job must stay on-prem and no on-prem capacity fits it now", False, spot_numbers)
-        return Decision("cloud", "no on-prem capacity fits this job", allow_spot, spot_numbers)
+        if planned is not None and planned.if_available is None and planned.if_unavailable is None:
+            return Decision("wait", f"waiting for a better moment: {planned.reason}", False, spot_numbers,
+                            on_demand_fallback=False)
+        return Decision("cloud", "no on-prem capacity fits this job", allow_spot, spot_numbers,
+                        on_demand_fallback=fallback)
 
     best = onprem[0]
     wait = best.breakdown.queue_wait_hours if best.breakdown else 0.0
@@ -130,7 +190,55 @@ def decide(
         numbers["budget_left_usd"] = round(budget_left_usd, 2)
         if cheapest.expected_cost_usd > budget_left_usd:
             return Decision("onprem", f"{trigger}, but bursting would exceed the tenant's budget", False, numbers)
+    # A burst is for time: it never waits for spot.
     return Decision("cloud", f"burst: {trigger}", allow_spot, numbers)
+
+
+def _planned(spec: JobSpec, options: Sequence[QuoteOption], *, now: datetime, deadline: datetime | None,
+             work_left: float | None, running: Market | None, spot_market: SpotMarket | None,
+             restart_minutes: float, decision_interval_hours: float) -> SpotChoice | None:
+    """The planned spot choice, or None when there is nothing to plan (no history, deadline or prices)."""
+    spot = next((o for o in options if o.market is Market.spot), None)
+    od = next((o for o in options if o.market is Market.on_demand), None)
+    if (spot_market is None or not spec.interruptible or deadline is None or work_left is None
+            or spot is None or od is None):
+        return None
+    changeover_h = (restart_minutes + spec.checkpoint_minutes / 2.0) / 60.0
+    return spot_choice(
+        hours_left=(deadline - now).total_seconds() / 3600.0, work_left_hours=work_left,
+        changeover_hours=changeover_h, spot_usd_per_hour=spot.usd_per_hour, ondemand_usd_per_hour=od.usd_per_hour,
+        running=running, model=spot_market.model, spot_up=spot_market.up, spot_age_hours=spot_market.age_hours,
+        decision_interval_hours=decision_interval_hours,
+    )
+
+
+def rebalance(
+    spec: JobSpec,
+    options: Sequence[QuoteOption],
+    *,
+    now: datetime,
+    deadline: datetime | None,
+    done_hours: float,
+    spot_market: SpotMarket | None,
+    restart_minutes: float = 10.0,
+    decision_interval_hours: float = DECISION_INTERVAL_HOURS,
+) -> Decision:
+    """For a job running on on-demand: move to spot now (if a spot launch succeeds), or stay.
+
+    ``allow_spot`` True means: try the spot candidates (``candidates`` gives them; a failed
+    launch keeps the job where it is); False: stay on on-demand. Without a market history or a
+    deadline there is nothing to gain that is worth a changeover, and the job stays.
+    """
+    od_hours = min((o.expected_hours for o in options if o.market is Market.on_demand), default=None)
+    work_left = None if od_hours is None else max(od_hours - done_hours, 0.0)
+    planned = _planned(spec, options, now=now, deadline=deadline, work_left=work_left, running=Market.on_demand,
+                       spot_market=spot_market, restart_minutes=restart_minutes,
+                       decision_interval_hours=decision_interval_hours)
+    if planned is None:
+        return Decision("cloud", "stay on on-demand: nothing to plan a move with", False, on_demand_fallback=False)
+    move = planned.if_available is Market.spot
+    why = "move to spot if it can be had" if move else "stay on on-demand"
+    return Decision("cloud", f"{why} ({planned.reason})", move, planned.numbers, on_demand_fallback=False)
 
 
 def candidates(options: Sequence[QuoteOption], decision: Decision) -> list[QuoteOption]:
@@ -143,7 +251,9 @@ def candidates(options: Sequence[QuoteOption], decision: Decision) -> list[Quote
     elif decision.route == "onprem":
         order = [Market.owned]
     else:
-        order = ([Market.spot] if decision.allow_spot else []) + [Market.on_demand, Market.reserved]
+        order = ([Market.spot] if decision.allow_spot else [])
+        if decision.on_demand_fallback:
+            order += [Market.on_demand, Market.reserved]
     out: list[QuoteOption] = []
     for market in order:
         out.extend(o for o in options if o.market is market)

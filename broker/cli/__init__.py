@@ -41,6 +41,10 @@ COMMANDS = (
     Command("tenants", "broker.cli.admin:tenants_app", "Tenants and their caps (monthly budget, GPUs)."),
     Command("config", "broker.cli.config:config_app",
             "The configuration: check a file for mistakes, show what is in effect."),
+    Command("simulate", "broker.cli.simulate:app",
+            "Replay policies over traces: deadline jobs on spot, cluster bursting."),
+    Command("advise", "broker.cli.simulate:advise_command",
+            "Rent, hybrid or own: yearly costs of each from the GPU-hours you used, today's prices and owned costs."),
 )
 commands(*COMMANDS)
 

@@ -1,0 +1,363 @@
+"""Spot or on-demand for a job with a deadline: a plan over what the market's history says. Pure, no clock.
+
+A job that tolerates preemption can run on spot (cheap, lost when the market reclaims it),
+on on-demand (dear, never lost) or wait. Every start costs a changeover (restart and lost
+work) during which the instance is paid for and the job makes no progress. The deadline
+leaves ``slack = hours left − work left`` to spend on waiting and changeovers.
+
+The choice is made by planning: spot availability is modelled as a *semi-Markov* process whose
+age-dependent hazards come from the recorded history of that market — how long spot tends to
+stay once it is there, and how long it tends to stay away — and the expected cost to finish is
+minimised by backward induction over (steps left, slack left, where the job runs, whether spot
+is up and for how long). Real markets have heavy tails (many short blips, a few long outages),
+which a memoryless model misses; the age buckets capture them: a market that came back a
+minute ago is likelier to vanish again than one that has been up for hours, and an outage that
+has lasted an hour is likelier to last another.
+
+The plan's decisions are those the broker can act on:
+
+- a job waiting to be placed (new, or requeued after a preemption): spot if it can be had,
+  otherwise on-demand or wait (:func:`spot_choice` with ``running=None``);
+- a job running on on-demand: move to spot if it can be had, or stay (``running=on_demand``);
+- a job running on spot keeps it until the market takes it back.
+
+A hard safety net comes first: when the slack no longer covers two changeovers and a decision
+interval, only on-demand is allowed (a running spot instance is kept: its progress keeps pace
+with the clock, and the slack left still covers the one changeover a preemption would cost).
+So no plan, however wrong its model, can make a job miss its deadline.
+
+References: Wu et al., *Can't Be Late: Optimizing Spot Instance Savings under Deadlines*
+(NSDI'24) for the problem and the traces; the planner here replaces their uniform-progress
+rule (see docs/simulation.md for the comparison).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from broker.models import Market
+
+IDLE, SPOT, ON_DEMAND = 0, 1, 2
+UNREACHABLE = 1e9  # the value of a state that cannot finish in time (finite: it is multiplied by zero chances)
+DEFAULT_STEP_HOURS = 0.1  # the plan's time step (a history with coarser ticks plans on its ticks)
+MAX_PLAN_STEPS = 1500  # a longer job plans on coarser steps, so one plan is solved in well under a second
+DEFAULT_BUCKETS = 8  # ages tracked per side; the last bucket holds every older age
+# The prior, when history is short: spot that stays about 2 h and outages of about 1 h, worth
+# two observed runs each. History dominates as soon as it holds a few runs.
+PRIOR_UP_HOURS = 2.0
+PRIOR_DOWN_HOURS = 1.0
+PRIOR_RUNS = 4.0
+# A job plans with the model of its market as it was at its submission, learnt from the week
+# before: one model per job, so its plan is solved once (and shared by jobs submitted together).
+MODEL_WINDOW_HOURS = 168.0
+
+
+@dataclass(frozen=True)
+class AvailabilityModel:
+    """Age-dependent hazards of one spot market, per plan step.
+
+    ``up_hazard[b]``: chance spot is lost within the next step when it has been up ``b`` steps
+    (the last bucket: ``b`` or more); ``down_hazard[b]``: chance it comes back within the next step
+    after ``b`` steps away.
+    """
+
+    step_hours: float
+    up_hazard: tuple[float, ...]
+    down_hazard: tuple[float, ...]
+    runs_seen: int = 0  # availability runs the history held (0: the prior alone)
+
+    @property
+    def buckets(self) -> int:
+        return len(self.up_hazard)
+
+    def summary(self) -> dict[str, float]:
+        """Mean up and down run lengths the hazards imply, in hours (for the decision's numbers)."""
+        def mean_run(h: tuple[float, ...]) -> float:
+            alive, total = 1.0, 0.0
+            for b, hb in enumerate(h):
+                if b == len(h) - 1:
+                    total += alive / hb
+                    break
+                total += alive
+                alive *= 1 - hb
+            return total * self.step_hours
+        return {"spot_up_hours": round(mean_run(self.up_hazard), 3),
+                "spot_down_hours": round(mean_run(self.down_hazard), 3)}
+
+
+def plan_step_hours(deadline_hours: float) -> float:
+    """The plan step for a job with this long to its deadline (from submission)."""
+    return max(DEFAULT_STEP_HOURS, deadline_hours / MAX_PLAN_STEPS)
+
+
+def plan_step(gap_seconds: float, step_hours: float = DEFAULT_STEP_HOURS) -> int:
+    """Ticks of a history per plan step: the step is a whole number of ticks, at least one."""
+    return max(1, round(step_hours * 3600.0 / gap_seconds))
+
+
+def resample(series: Sequence[bool] | np.ndarray, ticks: int) -> np.ndarray:
+    """Availability per plan step: a step counts as available only when all its ticks were.
+
+    Steps are aligned on the end of the series, so the last step is the present.
+    """
+    arr = np.asarray(series, dtype=bool)
+    usable = len(arr) // ticks * ticks
+    if usable == 0:
+        return np.zeros(0, dtype=bool)
+    return arr[len(arr) - usable:].reshape(-1, ticks).all(axis=1)
+
+
+def availability_model(series: Sequence[bool] | np.ndarray, gap_seconds: float, *,
+                       step_hours: float = DEFAULT_STEP_HOURS, buckets: int = DEFAULT_BUCKETS) -> AvailabilityModel:
+    """Hazards from an availability history (one bool per tick of ``gap_seconds``; True = spot could be had).
+
+    Every completed run of availability (and of unavailability) counts once at each age it
+    lived through and once where it ended; the run still going at the end of the history counts
+    only where it lived (it has not ended). A prior of ``PRIOR_RUNS`` geometric runs per side keeps
+    a short history from swinging the model.
+    """
+    ticks = plan_step(gap_seconds, step_hours)
+    step = ticks * gap_seconds / 3600.0
+    steps = resample(series, ticks)
+    runs = [(bool(k), sum(1 for _ in g)) for k, g in itertools.groupby(steps)]
+    hazards = []
+    for side, prior_hours in ((True, PRIOR_UP_HOURS), (False, PRIOR_DOWN_HOURS)):
+        ended = np.zeros(buckets)
+        at_risk = np.zeros(buckets)
+        for i, (up, length) in enumerate(runs):
+            if up is not side:
+                continue
+            full = min(length, buckets - 1)
+            at_risk[:full] += 1
+            if length >= buckets:
+                at_risk[buckets - 1] += length - (buckets - 1)
+            if i < len(runs) - 1:  # the last run has not ended
+                ended[min(length - 1, buckets - 1)] += 1
+        h0 = min(1.0, step / prior_hours)
+        prior_risk = PRIOR_RUNS * (1 - h0) ** np.arange(buckets)
+        prior_risk[-1] /= max(h0, 1e-9)
+        hz = (ended + prior_risk * h0) / (at_risk + prior_risk)
+        hazards.append(tuple(float(x) for x in np.clip(hz, 1e-6, 1 - 1e-6)))
+    return AvailabilityModel(step, hazards[0], hazards[1], runs_seen=len(runs))
+
+
+def current_run(series: Sequence[bool] | np.ndarray, gap_seconds: float) -> tuple[bool, float]:
+    """(available now, hours it has been so) from the end of an availability history."""
+    arr = np.asarray(series, dtype=bool)
+    if not len(arr):
+        return False, 0.0
+    last = bool(arr[-1])
+    changes = np.flatnonzero(arr != last)
+    same = len(arr) - (int(changes[-1]) + 1 if len(changes) else 0)
+    return last, (same - 1) * gap_seconds / 3600.0
+
+
+@dataclass(frozen=True)
+class SpotMarket:
+    """What a decision knows of one spot market: its model, and whether spot is up now and for how long."""
+
+    model: AvailabilityModel
+    up: bool
+    age_hours: float
+
+
+def model_span(submitted_tick: int, gap_seconds: float) -> tuple[int, int]:
+    """The ticks ``[start, end)`` of a series a job's model is built from: the week before its submission."""
+    return max(0, submitted_tick - int(MODEL_WINDOW_HOURS * 3600.0 // gap_seconds)), submitted_tick
+
+
+def spot_market(series: Sequence[bool] | np.ndarray, gap_seconds: float, *, submitted_tick: int | None = None,
+                step_hours: float = DEFAULT_STEP_HOURS, buckets: int = DEFAULT_BUCKETS) -> SpotMarket:
+    """A :class:`SpotMarket` from an availability history that ends now (the live broker's helper).
+
+    The model comes from the week before the job's submission (``submitted_tick``, default:
+    now), on the plan step of the job (``step_hours``: :func:`plan_step_hours` of its deadline);
+    the present (up or down, since when) from the whole series.
+    """
+    arr = np.asarray(series, dtype=bool)
+    start, end = model_span(len(arr) if submitted_tick is None else submitted_tick, gap_seconds)
+    up, age = current_run(arr, gap_seconds)
+    model = availability_model(arr[start:end], gap_seconds, step_hours=step_hours, buckets=buckets)
+    return SpotMarket(model, up, age)
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+_PLANS: OrderedDict[tuple[AvailabilityModel, int, float], np.ndarray] = OrderedDict()
+PLANS_KEPT = 32
+
+
+def plan_table(model: AvailabilityModel, changeover_steps: int, price_ratio: float, steps: int,
+               slack: int) -> np.ndarray:
+    """The solved plan covering ``steps`` and ``slack``: a cached one when it is large enough.
+
+    A value depends only on its own state, so a table solved for a longer horizon or more slack
+    answers every smaller one; the next decisions of a job (fewer steps, less slack) reuse it.
+    """
+    key = (model, changeover_steps, price_ratio)
+    table = _PLANS.get(key)
+    if table is None or table.shape[0] <= steps or table.shape[3] <= slack:
+        have_n, have_s = (table.shape[0] - 1, table.shape[3] - 1) if table is not None else (0, 0)
+        table = _solve(model, changeover_steps, price_ratio, max(steps, have_n), max(slack, have_s))
+        _PLANS[key] = table
+    _PLANS.move_to_end(key)
+    while len(_PLANS) > PLANS_KEPT:
+        _PLANS.popitem(last=False)
+    return table
+
+
+def _solve(model: AvailabilityModel, changeover_steps: int, price_ratio: float, steps: int,
+           slack: int) -> np.ndarray:
+    """Best action per state: ``table[n, where, x, s]`` for ``n`` steps left, ``s`` steps of slack.
+
+    ``where``: 0 waiting (idle), 1 running on-demand. ``x < B``: spot up for ``x`` steps;
+    ``x ≥ B``: down for ``x − B`` steps. Prices per step: spot ``price_ratio``, on-demand 1.
+    """
+    B = model.buckets
+    X = 2 * B
+    k = changeover_steps
+    p, q = price_ratio, 1.0
+    up = np.arange(X) < B
+    flip = np.array(model.up_hazard + model.down_hazard)
+    older = np.array([min(b + 1, B - 1) for b in range(B)] + [B + min(b + 1, B - 1) for b in range(B)])
+    T = np.zeros((X, X))  # one step of the market
+    T[np.arange(X), older] += 1 - flip
+    T[np.arange(X), np.r_[np.full(B, B), np.zeros(B, dtype=int)]] += flip
+    Tk = np.linalg.matrix_power(T, k) if k else np.eye(X)
+    # a spot start from x: lost at step j (paid j steps, then waiting, just down) or alive after k steps
+    lost = np.zeros((k, X))
+    alive = np.eye(X) * up[:, None]
+    stay = T * up[None, :]  # moves that keep spot up
+    for j in range(k):
+        lost[j] = alive.sum(axis=1) - (alive @ stay).sum(axis=1)
+        alive = alive @ stay
+    S1 = slack + 1
+    inf = UNREACHABLE
+    table = np.zeros((steps + 1, 2, X, S1), dtype=np.int8)
+    s_idx = np.arange(S1)
+    hist: list[np.ndarray] = [np.zeros((3, X, S1))]  # V[n] for the last k+1 n
+
+    def shifted(a: np.ndarray, by: int) -> np.ndarray:
+        """a[..., s - by]: a move that spends ``by`` steps of slack (inf where there is not enough)."""
+        if by == 0:
+            return a
+        out = np.full(a.shape, inf)
+        if by < S1:
+            out[..., by:] = a[..., :S1 - by]
+        return out
+
+    def back(j: int) -> np.ndarray:
+        return hist[max(0, len(hist) - j)]
+
+    for n in range(1, steps + 1):
+        prev = back(1)
+        spot_next = np.where(up[:, None], prev[SPOT], prev[IDLE])  # a lost spot instance leaves the job waiting
+        wait = shifted(T @ prev[IDLE], 1)
+        run_spot = p + T @ spot_next
+        run_od = q + T @ prev[ON_DEMAND]
+        if k:
+            start_od = k * q + shifted(Tk @ back(k)[ON_DEMAND], k)
+            start_spot = alive.sum(axis=1)[:, None] * (k * p) + alive @ shifted(back(k)[SPOT], k)
+            for j in range(k):
+                start_spot = start_spot + lost[j][:, None] * ((j + 1) * p + shifted(back(j + 1)[IDLE][B], j + 1))
+        else:
+            start_od, start_spot = run_od, run_spot
+        start_spot = np.where(up[:, None], start_spot, inf)
+        V = np.empty((3, X, S1))
+        idle_choices = np.stack([wait, start_spot, start_od])
+        table[n, 0] = idle_choices.argmin(axis=0)
+        V[IDLE] = idle_choices.min(axis=0)
+        V[SPOT] = np.where(up[:, None], run_spot, V[IDLE])
+        od_choices = np.stack([run_od, start_spot])
+        pick = od_choices.argmin(axis=0)
+        table[n, 1] = np.where(pick == 1, SPOT, ON_DEMAND)
+        V[ON_DEMAND] = od_choices.min(axis=0)
+        np.minimum(V, UNREACHABLE, out=V)
+        V[:, :, s_idx >= n] = 0.0  # no work left: done
+        hist.append(V)
+        if len(hist) > k + 1:
+            hist.pop(0)
+    table.setflags(write=False)
+    return table
+
+
+@dataclass(frozen=True)
+class SpotChoice:
+    """What to run: ``if_available`` when a spot launch would succeed now, ``if_unavailable`` otherwise.
+
+    ``None`` means wait (stay pending, try again at the next decision).
+    """
+
+    if_available: Market | None
+    if_unavailable: Market | None
+    reason: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+
+def must_run_on_demand(hours_left: float, work_left_hours: float, changeover_hours: float,
+                       decision_interval_hours: float, changeovers: int = 2) -> bool:
+    """The safety net: too little slack for ``changeovers`` changeovers plus one decision interval."""
+    return hours_left - work_left_hours < changeovers * changeover_hours + decision_interval_hours
+
+
+def spot_choice(
+    *,
+    hours_left: float,
+    work_left_hours: float,
+    changeover_hours: float,
+    spot_usd_per_hour: float,
+    ondemand_usd_per_hour: float,
+    running: Market | None,
+    model: AvailabilityModel,
+    spot_up: bool,
+    spot_age_hours: float,
+    decision_interval_hours: float,
+) -> SpotChoice:
+    """Spot, on-demand or wait for a job ``running`` nowhere (None) or on on-demand.
+
+    ``spot_up`` and ``spot_age_hours``: what the market's history says now (spot was available
+    at the last observation, for that long). ``if_available`` assumes a spot launch now succeeds
+    (spot is up, and has been for ``spot_age_hours`` if ``spot_up`` else it just came back);
+    ``if_unavailable`` assumes it fails (down, for ``spot_age_hours`` if not ``spot_up`` else just lost).
+    """
+    numbers: dict[str, Any] = {"hours_left": round(hours_left, 3), "work_left_hours": round(work_left_hours, 3),
+                               "slack_hours": round(hours_left - work_left_hours, 3), **model.summary()}
+    on_demand_now = Market.on_demand
+    if running is Market.spot:
+        return SpotChoice(Market.spot, None, "a running spot instance is kept until the market takes it back",
+                          numbers)
+    if must_run_on_demand(hours_left, work_left_hours, changeover_hours, decision_interval_hours):
+        return SpotChoice(on_demand_now, on_demand_now,
+                          "slack no longer covers two changeovers: on-demand to the end", numbers)
+    step = model.step_hours
+    n = int(hours_left / step + 1e-9)
+    s = n - math.ceil(work_left_hours / step - 1e-9)
+    if s < 0:
+        return SpotChoice(on_demand_now, on_demand_now, "no slack left on the plan's steps: on-demand", numbers)
+    k = max(1, round(changeover_hours / step)) if changeover_hours > 0 else 0  # a start always costs a step
+    ratio = round(spot_usd_per_hour / ondemand_usd_per_hour, 3) if ondemand_usd_per_hour > 0 else 1.0
+    # Plans are cached per market model, changeover and price ratio.
+    table = plan_table(model, k, ratio, n, s)
+    B = model.buckets
+    age = min(int(spot_age_hours / step + 1e-9), B - 1)
+    x_up = age if spot_up else 0
+    x_down = B + (age if not spot_up else 0)
+    where = 1 if running is Market.on_demand else 0
+    codes = {IDLE: None, SPOT: Market.spot, ON_DEMAND: Market.on_demand}
+    if_up = codes[int(table[n, where, x_up, s])]
+    if_down = codes[int(table[n, where, x_down, s])]
+    if if_down is Market.spot:  # cannot happen in the table; never ask for spot that is not there
+        if_down = Market.on_demand
+    numbers.update(plan_step_hours=round(step, 4), spot_price_ratio=ratio)
+    verdict = {Market.spot: "spot", Market.on_demand: "on-demand", None: "wait"}
+    reason = (f"plan over the market's history: if spot can be had, {verdict[if_up]}; "
+              f"if not, {verdict[if_down]}")
+    return SpotChoice(if_up, if_down, reason, numbers)

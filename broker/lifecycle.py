@@ -121,6 +121,7 @@ class PlacementWait:
     since: datetime
     rounds: int
     reasons: tuple[str, ...]
+    summaries: frozenset[str] = frozenset()  # the reasons of rounds whose tries are listed instead
 
     @classmethod
     def of(cls, job: Job, events: Sequence[JobEvent]) -> PlacementWait:
@@ -130,15 +131,18 @@ class PlacementWait:
                 since, start = e.at, i + 1
         rounds = 0
         reasons: dict[str, None] = {}  # insertion-ordered, deduplicated
+        summaries: set[str] = set()
         for e in events[start:]:
             if e.from_state is not JobState.placing or e.to_state is not JobState.pending:
                 continue
             tries = e.data.get("tries") or []
-            rounds += bool(tries)
+            if tries:
+                rounds += 1
+                summaries.add(e.reason)
             for text in [str(t.get("error", "")) for t in tries] if tries else [e.reason]:
                 if text:
                     reasons.setdefault(text)
-        return cls(since, rounds, tuple(reasons))
+        return cls(since, rounds, tuple(reasons), frozenset(summaries))
 
 
 @dataclass(frozen=True)
@@ -239,7 +243,8 @@ class JobLifecycle:
         """pending → failed: the job could not be placed within its limits; its reason names every distinct
         reason it collected (the event keeps them as a list). None when another writer moved it first."""
         reasons = list(wait.reasons)
-        if job.reason and job.reason not in reasons:  # why it waits now: not every wait leaves an event
+        if job.reason and job.reason not in reasons and job.reason not in wait.summaries:
+            # why it waits now (not every wait leaves an event)
             reasons.append(job.reason)
         text = f"{why}: " + "; ".join(reasons) if reasons else why
         try:

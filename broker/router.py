@@ -292,8 +292,8 @@ class Router:
             return await self.back_to_pending(job, "no launchable offer right now: " + "; ".join(shut), tries,
                                               decision.as_dict())
         last = tries[-1].error if tries else "no candidate"
-        return await self.back_to_pending(job, f"all {len(tries)} launch tries failed; last: {last}", tries,
-                                          decision.as_dict())
+        reason = "; ".join([f"all {len(tries)} launch tries failed; last: {last}", *shut])
+        return await self.back_to_pending(job, reason, tries, decision.as_dict())
 
     async def _try(self, job: Job, opt: QuoteOption, offer: Offer, decision: Decision,
                    tries: Sequence[LaunchTry], secret_values: Mapping[str, SecretStr],

@@ -264,6 +264,11 @@ class Router:
             offer = self.market.find(opt.offer_id)
             if offer is None:  # a refresh since the ranking dropped it
                 continue
+            circuit = self.market.circuits[opt.provider]
+            if not circuit.admits():  # opened during this pass, or another placement holds its one probe
+                skip.add(opt.provider)
+                shut.append(circuit.describe())
+                continue
             if single_unit(offer):
                 # One machine, one renter: skip what this process is launching on (or lost) and what a
                 # live allocation of any replica holds, instead of spending a try on a certain refusal.
@@ -274,10 +279,11 @@ class Router:
                 # Another replica may have written its intent on it since: look again, just before ours.
                 if offer.id in await self._launching_elsewhere():
                     continue
-            ticket = self.market.circuits[opt.provider].acquire()
-            if ticket is None:  # opened during this pass, or another placement holds its one probe
+            ticket = circuit.acquire()
+            if ticket is None:  # it closed to us while we looked for intents elsewhere
+                self._taken.discard(offer.id)
                 skip.add(opt.provider)
-                shut.append(self.market.circuits[opt.provider].describe())
+                shut.append(circuit.describe())
                 continue
             try:
                 outcome = await self._try(job, opt, offer, decision, tries, secret_values, ticket)

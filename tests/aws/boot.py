@@ -32,6 +32,7 @@ from typing import Any
 import boto3
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 VPC_CIDR = "10.213.0.0/16"
 TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
@@ -84,26 +85,21 @@ class FakeImds:
         self.tokens: set[str] = set()
         self.url = ""
         self.refused = 0  # metadata requests without a valid token
-        self._runner: web.AppRunner | None = None
+        app = web.Application()
+        app.router.add_put("/{node}/latest/api/token", self._token)
+        app.router.add_get("/{node}/latest/meta-data/{path}", self._meta)
+        self._server = TestServer(app, host="127.0.0.1")
 
     def base(self, instance_id: str) -> str:
         return f"{self.url}/{instance_id}"
 
     async def __aenter__(self) -> FakeImds:
-        app = web.Application()
-        app.router.add_put("/{node}/latest/api/token", self._token)
-        app.router.add_get("/{node}/latest/meta-data/{path}", self._meta)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        await self._server.start_server()
+        self.url = str(self._server.make_url("")).rstrip("/")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._server.close()
 
     async def _token(self, request: web.Request) -> web.Response:
         if not request.headers.get(TOKEN_TTL_HEADER, "").isdigit():
@@ -199,6 +195,7 @@ class Node:
             path.write_text(text)
             path.chmod(0o755)
         self.proc: asyncio.subprocess.Process | None = None
+        self.exit_code: int | None = None
 
     def env(self) -> dict[str, str]:
         """A machine's environment: no AWS credentials, the shims first on PATH, IMDS on loopback."""
@@ -211,7 +208,7 @@ class Node:
         env = self.env()
         for program in ("docker", "shutdown"):  # never the host's own
             assert shutil.which(program, path=env["PATH"]) == str(self.bin / program)
-        with open(self.output, "wb") as out:
+        with self.output.open("wb") as out:  # a local file, opened once: the console's log
             self.proc = await asyncio.create_subprocess_exec("bash", str(self.script), env=env, cwd=self.dir,
                                                              stdout=out, stderr=subprocess.STDOUT)
 
@@ -225,7 +222,8 @@ class Node:
 
     async def run(self, limit_s: float = 120) -> int:
         await self.start()
-        return await self.wait(limit_s)
+        self.exit_code = await self.wait(limit_s)
+        return self.exit_code
 
     def terminate_wrapper(self) -> None:
         """SIGTERM to the wrapper (the boot script exec'd it), as systemd sends when the machine goes down."""

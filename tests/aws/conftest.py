@@ -46,11 +46,8 @@ def pick(offers: list[Offer], sku: str, market: Market, zone: str | None = None)
 
 @pytest.fixture
 async def aws(aws_config: AwsConfig, aws_session: AioSession) -> AsyncIterator[AwsProvider]:
-    provider = AwsProvider(aws_config, installation=INSTALLATION, session=aws_session)
-    try:
+    async with AwsProvider(aws_config, installation=INSTALLATION, session=aws_session) as provider:
         yield provider
-    finally:
-        await provider.aclose()
 
 
 @pytest.fixture
@@ -64,8 +61,5 @@ def runtime_config(aws_moto: str) -> AwsConfig:
 
 @pytest.fixture
 async def run_aws(runtime_config: AwsConfig, aws_session: AioSession) -> AsyncIterator[AwsProvider]:
-    provider = AwsProvider(runtime_config, installation=INSTALLATION, session=aws_session)
-    try:
+    async with AwsProvider(runtime_config, installation=INSTALLATION, session=aws_session) as provider:
         yield provider
-    finally:
-        await provider.aclose()

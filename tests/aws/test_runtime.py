@@ -58,6 +58,14 @@ def s3_text(endpoint: str, key: str) -> str | None:
         return None
 
 
+async def boot_one(alloc: Any, endpoint: str, tmp_path: Path, *, shutdown_terminates: bool = True) -> Node:
+    """Run the allocation's (one) boot script as its instance would; the node, its boot ended."""
+    async with FakeImds() as imds:
+        node = Node(endpoint, alloc.resource_ids[0], tmp_path, imds, shutdown_terminates=shutdown_terminates)
+        await node.run()
+    return node
+
+
 def state_of(endpoint: str, instance_id: str) -> str:
     desc = ec2_client(endpoint).describe_instances(InstanceIds=[instance_id])
     return desc["Reservations"][0]["Instances"][0]["State"]["Name"]
@@ -87,7 +95,8 @@ async def test_launch_stages_the_wrapper_and_manifest_and_the_user_data_only_fet
     assert manifest["rendezvous"]["mode"] == "single"
     assert manifest["container"]["runtime"] == "docker" and manifest["container"]["image"] == req.spec.container_image()
     assert set(manifest["logs"]["put_urls"]) == set(manifest["logs"]["status_put_urls"]) == {"0"}
-    assert "log-0.txt" in manifest["logs"]["put_urls"]["0"] and "status-0.json" in manifest["logs"]["status_put_urls"]["0"]
+    logs = manifest["logs"]
+    assert "log-0.txt" in logs["put_urls"]["0"] and "status-0.json" in logs["status_put_urls"]["0"]
     assert "X-Amz-Expires=" + str(3600 + 900 + 7200 + 2 + 3600) in manifest["logs"]["put_urls"]["0"]
 
     from tests.aws.boot import user_data_of
@@ -105,9 +114,8 @@ async def test_a_command_that_exits_3_ends_failed_with_its_log_and_its_instance_
     alloc = await run_aws.launch(req)
     assert (await run_aws.poll(alloc)).state is AllocationState.running
     assert await run_aws.job_log(alloc) == ""  # nothing shipped yet
-    async with FakeImds() as imds:
-        node = Node(aws_moto, alloc.resource_ids[0], tmp_path, imds)
-        assert await node.run() == 3, node.console()
+    node = await boot_one(alloc, aws_moto, tmp_path)
+    assert node.exit_code == 3, node.console()
     # The wrapper shut the machine down: terminated at moto, with no release by Lockstep.
     assert state_of(aws_moto, alloc.resource_ids[0]) == "terminated"
     assert node.calls("shutdown") == [["-h", "now"]]
@@ -128,9 +136,8 @@ async def test_an_ended_command_is_seen_while_its_instance_still_runs_and_releas
 ) -> None:
     offer = await a10g(run_aws)
     alloc = await run_aws.launch(request(offer, "echo done"))
-    async with FakeImds() as imds:
-        node = Node(aws_moto, alloc.resource_ids[0], tmp_path, imds, shutdown_terminates=False)
-        assert await node.run() == 0, node.console()
+    node = await boot_one(alloc, aws_moto, tmp_path, shutdown_terminates=False)
+    assert node.exit_code == 0, node.console()
     assert state_of(aws_moto, alloc.resource_ids[0]) == "running"  # its shutdown has not happened (yet)
     status = await run_aws.poll(alloc)
     assert status.state is AllocationState.succeeded and status.exit is not None and status.exit.exit_code == 0

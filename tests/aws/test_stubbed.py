@@ -158,19 +158,27 @@ async def test_throttling_is_retried_and_quota_is_not(shared_data: Path) -> None
         assert err.value.code == "VcpuLimitExceeded"
 
 
-async def test_spot_termination_reason_is_a_preemption() -> None:
+@pytest.mark.parametrize(("code", "market", "state", "said"), [
+    ("Server.SpotInstanceTermination", "on_demand", "preempted", "Server.SpotInstanceTermination"),
+    # moto gives every termination the same reason, so this one goes through the Stubber: the instance's own
+    # OS shut it down (its wrapper, or a boot script that could not start it) and no status came back.
+    ("Client.InstanceInitiatedShutdown", "spot", "failed", "shut themselves down"),
+])
+async def test_what_the_state_reason_of_an_instance_gone_without_a_status_means(
+    code: str, market: str, state: str, said: str
+) -> None:
     from broker.models import Allocation, AllocationState
 
     alloc = Allocation(id="t", job_id="job-1", provider="aws", region="us-east-1", zone=ZONE,
-                       resource_ids=["i-00000000000000001"], attrs={"market": "on_demand"})
+                       resource_ids=["i-00000000000000001"], attrs={"market": market})
     gone = instance("i-00000000000000001", "p4d.24xlarge", ZONE, {}, "terminated",
-                    StateReason={"Code": "Server.SpotInstanceTermination", "Message": "capacity"})
+                    StateReason={"Code": code, "Message": "gone"})
     gone["State"]["Code"] = 48
     async with stubbed(stub_config()) as (aws, stub):
         stub.add_response("describe_instances", {"Reservations": [{"Instances": [gone]}]},
                           {"Filters": [{"Name": "instance-id", "Values": alloc.resource_ids}]})
         status = await aws.poll(alloc)
-        assert status.state is AllocationState.preempted and "Server.SpotInstanceTermination" in status.reason
+        assert status.state is AllocationState(state) and said in status.reason and status.exit is None
 
 
 async def test_errors_and_repr_carry_no_credentials() -> None:
@@ -203,20 +211,3 @@ async def test_on_demand_instance_ended_by_aws_is_a_preemption_and_pending_is_pe
         assert status.state is AllocationState.preempted and "Server.InternalError" in status.reason
         assert ids[1] in status.reason and ids[0] not in status.reason
 
-
-async def test_an_instance_that_shut_itself_down_without_a_status_failed_and_is_not_requeued() -> None:
-    # moto gives every termination the same state reason, so this path goes through the Stubber: the instance's
-    # own OS shut it down (its wrapper, or a boot script that could not start it) and no status came back.
-    from broker.models import Allocation, AllocationState
-
-    alloc = Allocation(id="t", job_id="job-1", provider="aws", region="us-east-1", zone=ZONE,
-                       resource_ids=["i-00000000000000001"], attrs={"market": "spot"})
-    gone = instance("i-00000000000000001", "p4d.24xlarge", ZONE, {}, "terminated",
-                    StateReason={"Code": "Client.InstanceInitiatedShutdown", "Message": "shutdown"})
-    gone["State"]["Code"] = 48
-    async with stubbed(stub_config()) as (aws, stub):
-        stub.add_response("describe_instances", {"Reservations": [{"Instances": [gone]}]},
-                          {"Filters": [{"Name": "instance-id", "Values": alloc.resource_ids}]})
-        status = await aws.poll(alloc)
-        assert status.state is AllocationState.failed and "shut themselves down" in status.reason
-        assert status.exit is None

@@ -126,6 +126,14 @@ class AwsBroker:
             imds.nodes[inst["InstanceId"]] = inst["PrivateIpAddress"]
         return [Node(self.endpoint, iid, self.tmp_path / "nodes", imds, **kw) for iid in alloc.resource_ids]
 
+    async def run_job(self, alloc: Allocation, **kw: Any) -> tuple[Job, Node]:
+        """Boot the attempt's single instance as EC2 would, then one broker poll; the job after it."""
+        async with FakeImds() as imds:
+            [node] = self.nodes(alloc, imds, **kw)
+            await node.run()
+        await self.svc.poll_now()
+        return await self.svc.get_job(alloc.job_id), node
+
     @property
     def endpoint(self) -> str:
         assert self.config.endpoint_url
@@ -157,11 +165,8 @@ async def test_a_command_that_exits_3_fails_with_its_code_and_log_and_its_instan
     broker: AwsBroker
 ) -> None:
     job, alloc = await broker.place(await broker.submit(command="echo line-1; echo line-2; exit 3"))
-    async with FakeImds() as imds:
-        [node] = broker.nodes(alloc, imds)
-        assert await node.run() == 3, node.console()
-    await broker.svc.poll_now()
-    job = await broker.svc.get_job(job.id)
+    job, node = await broker.run_job(alloc)
+    assert node.exit_code == 3, node.console()
     assert job.state is JobState.failed, job.reason
     event = ended_event(job)
     assert event.data["exit_code"] == 3 and event.data["exit_reason"] == "exited"
@@ -185,11 +190,8 @@ async def test_env_files_data_and_a_secret_reach_the_command_and_the_secret_appe
     job, alloc = await broker.place(await broker.submit(
         command=command, env={"GREETING": "hello"}, secrets={"HF_TOKEN": "hf-prod"},
         files={"conf/params.txt": "lr=0.1\n"}, data={"uri": f"s3://{BUCKET}/datasets/tiny.txt"}))
-    async with FakeImds() as imds:
-        [node] = broker.nodes(alloc, imds)
-        assert await node.run() == 0, node.console()
-    await broker.svc.poll_now()
-    job = await broker.svc.get_job(job.id)
+    job, node = await broker.run_job(alloc)
+    assert node.exit_code == 0, node.console()
     assert job.state is JobState.succeeded, job.reason
     assert broker.instance_states(alloc) == ["terminated"]
     [rec] = await broker.svc.job_allocations(job.id)
@@ -219,11 +221,8 @@ async def test_max_duration_stops_the_command_fails_the_job_with_that_reason_and
     broker: AwsBroker
 ) -> None:
     job, alloc = await broker.place(await broker.submit(command="echo started; sleep 120", max_duration="2s"))
-    async with FakeImds() as imds:
-        [node] = broker.nodes(alloc, imds)
-        assert await node.run() == 143, node.console()  # TERM at max_duration
-    await broker.svc.poll_now()
-    job = await broker.svc.get_job(job.id)
+    job, node = await broker.run_job(alloc)
+    assert node.exit_code == 143, node.console()  # TERM at max_duration
     assert job.state is JobState.failed and "max_duration" in job.reason, job.reason
     assert ended_event(job).data["exit_reason"] == "max_duration"
     assert broker.instance_states(alloc) == ["terminated"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from broker.models import Allocation, AllocationState, JobSpec, Market, QuoteOption
@@ -37,11 +38,20 @@ CLOUD_MARKETS = frozenset({Market.spot, Market.on_demand})
 DECISION_INTERVAL_HOURS = 1.0 / 60.0
 
 
+class Route(StrEnum):
+    """Where a decision sends a job."""
+
+    reserved = "reserved"  # capacity already paid for
+    onprem = "onprem"  # the owned pool
+    cloud = "cloud"  # new capacity: spot or on-demand
+    wait = "wait"  # nowhere now (must stay on-prem, or waiting for spot is worth it)
+
+
 @dataclass(frozen=True)
 class Decision:
     """What the policies chose and the numbers behind it (stored on the job)."""
 
-    route: str  # "reserved" | "onprem" | "cloud" | "wait"
+    route: Route
     reason: str
     allow_spot: bool
     numbers: dict[str, Any] = field(default_factory=dict)
@@ -148,16 +158,17 @@ def decide(
                                                 preemptions_per_hour=preemptions_per_hour,
                                                 restart_minutes=restart_minutes)
     if reserved and not (spec.onprem_only or not spec.cloud_ok):
-        return Decision("reserved", "unused reserved capacity is already paid for", allow_spot,
+        return Decision(Route.reserved, "unused reserved capacity is already paid for", allow_spot,
                         {"reserved_usd_per_hour": reserved[0].usd_per_hour, **spot_numbers})
 
     if not onprem:
         if spec.onprem_only or not spec.cloud_ok:
-            return Decision("wait", "job must stay on-prem and no on-prem capacity fits it now", False, spot_numbers)
+            return Decision(Route.wait, "job must stay on-prem and no on-prem capacity fits it now", False,
+                            spot_numbers)
         if planned is not None and planned.if_available is None and planned.if_unavailable is None:
-            return Decision("wait", f"waiting for a better moment: {planned.reason}", False, spot_numbers,
+            return Decision(Route.wait, f"waiting for a better moment: {planned.reason}", False, spot_numbers,
                             on_demand_fallback=False)
-        return Decision("cloud", "no on-prem capacity fits this job", allow_spot, spot_numbers,
+        return Decision(Route.cloud, "no on-prem capacity fits this job", allow_spot, spot_numbers,
                         on_demand_fallback=fallback)
 
     best = onprem[0]
@@ -175,13 +186,13 @@ def decide(
         why = "owned hardware is already paid for"
         if misses or too_long:
             why = "job must stay on-prem, so it waits for the on-prem queue"
-        return Decision("onprem", why, False, numbers)
+        return Decision(Route.onprem, why, False, numbers)
 
     trigger = "on-prem queue would miss the deadline" if misses else (
         f"on-prem wait {wait:.2f} h exceeds the limit {max_queue_wait_hours:g} h")
     usable_cloud = [o for o in cloud if allow_spot or o.market is not Market.spot]
     if not usable_cloud:
-        return Decision("onprem", f"{trigger}, but no cloud option fits; staying on-prem", False, numbers)
+        return Decision(Route.onprem, f"{trigger}, but no cloud option fits; staying on-prem", False, numbers)
     cheapest = usable_cloud[0]
     extra = cheapest.expected_cost_usd - best.expected_cost_usd
     numbers.update(cloud_cost_usd=cheapest.expected_cost_usd, onprem_cost_usd=best.expected_cost_usd,
@@ -189,9 +200,9 @@ def decide(
     if budget_left_usd is not None:
         numbers["budget_left_usd"] = round(budget_left_usd, 2)
         if cheapest.expected_cost_usd > budget_left_usd:
-            return Decision("onprem", f"{trigger}, but bursting would exceed the tenant's budget", False, numbers)
+            return Decision(Route.onprem, f"{trigger}, but bursting would exceed the tenant's budget", False, numbers)
     # A burst is for time: it never waits for spot.
-    return Decision("cloud", f"burst: {trigger}", allow_spot, numbers)
+    return Decision(Route.cloud, f"burst: {trigger}", allow_spot, numbers)
 
 
 def _planned(spec: JobSpec, options: Sequence[QuoteOption], *, now: datetime, deadline: datetime | None,
@@ -235,20 +246,20 @@ def rebalance(
                        spot_market=spot_market, restart_minutes=restart_minutes,
                        decision_interval_hours=decision_interval_hours)
     if planned is None:
-        return Decision("cloud", "stay on on-demand: nothing to plan a move with", False, on_demand_fallback=False)
+        return Decision(Route.cloud, "stay on on-demand: nothing to plan a move with", False, on_demand_fallback=False)
     move = planned.if_available is Market.spot
     why = "move to spot if it can be had" if move else "stay on on-demand"
-    return Decision("cloud", f"{why} ({planned.reason})", move, planned.numbers, on_demand_fallback=False)
+    return Decision(Route.cloud, f"{why} ({planned.reason})", move, planned.numbers, on_demand_fallback=False)
 
 
 def candidates(options: Sequence[QuoteOption], decision: Decision) -> list[QuoteOption]:
     """The options to try, in order, for a decision (the router walks them on capacity errors)."""
-    if decision.route == "wait":
+    if decision.route is Route.wait:
         return []
-    if decision.route == "reserved":
+    if decision.route is Route.reserved:
         # reserved, then owned; then (if those fail) new capacity, spot only when allowed
         order = [Market.reserved, Market.owned, Market.on_demand] + ([Market.spot] if decision.allow_spot else [])
-    elif decision.route == "onprem":
+    elif decision.route is Route.onprem:
         order = [Market.owned]
     else:
         order = ([Market.spot] if decision.allow_spot else [])

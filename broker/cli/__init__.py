@@ -34,7 +34,7 @@ COMMANDS = (
             "Run the HTTP API and the broker's background loops until stopped (Ctrl-C / SIGTERM)."),
     Command("burnin", "broker.cli.burnin:burnin_command",
             "Burn a node in: run the probe there as a batch job, store the result, drain the node if unhealthy."),
-    Command("bench", "broker.cli.bench:group", "Benchmark results: parse nccl-tests output, record, list.",
+    Command("bench", "broker.cli.burnin:bench_group", "Benchmark results: parse nccl-tests output, record, list.",
             group=True),
     Command("prices", "broker.cli.prices:app", "Spot price tracking: history, alerts, replay."),
     Command("tokens", "broker.cli.admin:tokens_app", "API tokens (bearer), each bound to a tenant and a role."),

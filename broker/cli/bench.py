@@ -5,7 +5,6 @@ Bad input exits with code 2 and one readable line on stderr, never a traceback.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path
@@ -37,15 +36,6 @@ app = typer.Typer(
 def _group() -> None:
     """Benchmark results: parse nccl-tests output, record, list."""
     # A callback keeps this a command group even with a single command, so `parse-nccl` is always named.
-
-
-@functools.cache
-def group() -> typer.Typer:
-    """`lockstep bench`: parse-nccl from here, record/list/resume from broker/cli/burnin.py (they use the store)."""
-    from broker.cli.burnin import add_bench_commands
-
-    add_bench_commands(app)
-    return app
 
 
 def _fail(line: str) -> None:

@@ -6,6 +6,7 @@ Bad input exits with code 2 and one readable line on stderr; a provider failure 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -188,24 +189,13 @@ def resume_command(
     console.print(f"{provider}/{node}: back in the pool")
 
 
-def register(app: typer.Typer) -> None:
-    """Mount `burnin` on the root app and `record`/`list` on the `bench` group (created if absent).
+@functools.cache
+def bench_group() -> typer.Typer:
+    """`lockstep bench`: parse-nccl from broker/cli/bench.py; record, list and resume from here (they use the
+    store)."""
+    from broker.cli.bench import app as bench
 
-    Call it after the `bench` group is mounted; calling it twice changes nothing.
-    """
-    if any(c.name == "burnin" for c in app.registered_commands):
-        return
-    app.command("burnin")(burnin_command)
-    bench = next((g.typer_instance for g in app.registered_groups if g.name == "bench"), None)
-    if bench is None:
-        bench = typer.Typer(help="Benchmark results.", no_args_is_help=True, add_completion=False,
-                            pretty_exceptions_enable=False)
-        app.add_typer(bench, name="bench")
-    add_bench_commands(bench)
-
-
-def add_bench_commands(bench: typer.Typer) -> None:
-    """`record`, `list` and `resume` on the `bench` group."""
     bench.command("record")(record_command)
     bench.command("list")(list_command)
     bench.command("resume")(resume_command)
+    return bench

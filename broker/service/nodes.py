@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from broker.errors import NotFoundError, SpecError
+from broker.models import Allocation, Benchmark, Job
 from broker.service.runtime import Runtime
 from providers.capabilities import DrainsNodes
 
@@ -36,6 +37,11 @@ class NodesService(Runtime):
         prov = self.market.providers.get(provider)
         if isinstance(prov, DrainsNodes):
             await prov.resume(node)
+
+    async def burn_in_results(self, job: Job, alloc: Allocation) -> list[Benchmark]:
+        from broker.burnin import collect_burnin, job_stem
+
+        return await collect_burnin(self.burnin, alloc.provider, job_stem(job.id, alloc.attempt))
 
     @property
     def burnin(self) -> BurnIn:

@@ -15,17 +15,16 @@ import secrets
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from broker.config import Settings
-from broker.models import utcnow
+from broker.models import Allocation, Benchmark, Job, utcnow
 from providers.base import Provider
 from providers.registry import build_providers
 
 if TYPE_CHECKING:
     from broker.loops import BrokerLoops
     from broker.market import Marketplace, ProviderHealth
-    from broker.service import Lockstep
     from broker.store import Store
     from broker.tracker import Tracker
 
@@ -130,16 +129,16 @@ class Runtime:
     def broker(self) -> BrokerLoops:
         """The placement and polling engine over this service's store and market."""
         if self._broker is None:
-            from broker.burnin import collect_burnin, job_stem
             from broker.loops import BrokerLoops
 
-            service = cast("Lockstep", self)  # a Runtime is only ever the base of Lockstep
             self._broker = BrokerLoops(
                 self.settings, self.store, self.market, clock=self.clock, preemption_rates=self.preemption_rates,
-                on_placed=self.placement_observer, wake=self.job_submitted,
-                burn_in=lambda job, alloc: collect_burnin(service.burnin, alloc.provider,
-                                                          job_stem(job.id, alloc.attempt)))
+                on_placed=self.placement_observer, wake=self.job_submitted, burn_in=self.burn_in_results)
         return self._broker
+
+    async def burn_in_results(self, job: Job, alloc: Allocation) -> list[Benchmark]:
+        """What a job's burn-in step measured, recorded and judged (the nodes domain does it)."""
+        raise NotImplementedError
 
     @property
     def tracker(self) -> Tracker:

@@ -12,10 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from broker.cli import app
-from broker.cli.burnin import register
 from broker.probe import run_probe
 
-register(app)  # idempotent; the lead mounts it in broker/cli/__init__.py as well
 runner = CliRunner()
 
 

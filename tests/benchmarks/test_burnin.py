@@ -60,9 +60,8 @@ async def svc(tmp_path: Path, slurm_config: SlurmConfig, slurm_installation: str
 
 
 def lockstep(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """The real CLI in a child process, with this module's commands mounted (register is idempotent)."""
-    code = "from broker.cli import app, main; from broker.cli.burnin import register; register(app); main()"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
+    """The real CLI in a child process."""
+    return subprocess.run([sys.executable, "-m", "broker", *args], capture_output=True, text=True, timeout=300,
                           env=env, cwd=ROOT)
 
 

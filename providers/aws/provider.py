@@ -113,6 +113,10 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
         self.runs = (RunFiles(config, installation, S3Client(config, provider=self.name, session=session))
                      if config.runtime_bucket else None)
         self._peers_published: set[str] = set()  # allocations whose peer list this process has written
+        if self.runs is None and config.enabled:
+            log.warning("aws: aws.runtime_bucket is not set: jobs on EC2 run without logs or exit status (a "
+                        "finished instance runs on until cancelled or max_duration), and jobs with env, secrets, "
+                        "files or data are refused (docs/aws.md)")
         self._types: dict[str, dict[str, GpuType]] = {}
         self._released: set[str] = set()
         self._pending_groups: dict[str, str] = {}  # placement group → region, deletion deferred

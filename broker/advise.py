@@ -34,7 +34,7 @@ import numpy as np
 
 from broker.config import OwnedCost
 from broker.errors import SpecError
-from broker.models import JobSpec, Market, QuoteOption, as_utc
+from broker.models import JobSpec, Market, QuoteOption, Workload, as_utc
 from broker.simulate.cluster import EPOCH, catalog_book, cloud_rates, owned_rates
 from broker.simulate.traces import Pod
 from policies.ranking import quote
@@ -170,7 +170,7 @@ def catalog_prices(gpu: str, gpus_per_node: int) -> Prices:
 
 def cloud_rates_all(gpu: str, gpus: int) -> list[QuoteOption]:
     """Every on-demand option the ranking gives for a node of this model (for the reservable ones)."""
-    spec = JobSpec(name="advise", gpu=[gpu], gpus=gpus, workload={"hours": 1.0})
+    spec = JobSpec(name="advise", gpu=[gpu], gpus=gpus, workload=Workload(hours=1.0))
     return [o for o in quote(catalog_book(), spec, now=EPOCH, top=200).options if o.market is Market.on_demand]
 
 

@@ -280,7 +280,8 @@ class Tracker:
         self, key: SeriesKey, since: datetime | None, until: datetime | None, limit: int | None
     ) -> list[tuple[datetime, float]]:
         pts = self.store.price_history(
-            PriceFilter(**dict(zip(SERIES_FIELDS, key, strict=True)), since=since, until=until, limit=limit)
+            PriceFilter.model_validate(
+                {**dict(zip(SERIES_FIELDS, key, strict=True)), "since": since, "until": until, "limit": limit})
         )
         return [(as_utc(p.at), p.usd_per_hour) for p in pts]
 

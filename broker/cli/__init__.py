@@ -49,7 +49,12 @@ COMMANDS = (
 commands(*COMMANDS)
 
 
-def _click_exceptions() -> tuple[tuple[type, ...], tuple[type, ...], tuple[type, ...], tuple[type, ...]]:
+# Exception classes of whichever click copies are installed, found at run time: typed by what is
+# read from them (exit_code, format_message), not by one module's classes.
+_Classes = tuple[Any, ...]
+
+
+def _click_exceptions() -> tuple[_Classes, _Classes, _Classes, _Classes]:
     """(Exit, UsageError, ClickException, Abort) classes: newer typer vendors its own click."""
     mods = []
     try:

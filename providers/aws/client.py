@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from contextlib import AsyncExitStack
 from typing import Any
 
+from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
-from botocore.config import Config as BotoConfig
 
 from broker.config import AwsConfig
 from providers.aws.errors import map_error
@@ -48,7 +48,7 @@ class Ec2Client:
         async with self._lock:
             ec2 = self._clients.get(region)
             if ec2 is None:
-                cfg = BotoConfig(
+                cfg = AioConfig(
                     retries={"total_max_attempts": 1, "mode": "standard"},  # our retries, after mapping
                     connect_timeout=5,
                     read_timeout=max(5.0, self.config.region_timeout_s),

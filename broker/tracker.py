@@ -90,7 +90,8 @@ def series_dict(key: SeriesKey, gpu: str = "") -> dict[str, str]:
 
 def _alert_key(alert: dict[str, Any]) -> SeriesKey:
     s = alert.get("series") or {}
-    return tuple(str(s.get(f, "")) for f in SERIES_FIELDS)  # type: ignore[return-value]
+    provider, market, sku, region, zone, stat = (str(s.get(f, "")) for f in SERIES_FIELDS)
+    return provider, market, sku, region, zone, stat
 
 
 def spot_volatility(store: Store, now: datetime, days: float = 7.0) -> dict[RiskKey, float]:

@@ -163,8 +163,9 @@ class PriceStore(Database):
         if self.is_sqlite:
             conn.exec_driver_sql(_SQLITE_POINT_INSERT, rows)
         else:
-            driver = conn.connection.driver_connection
-            with driver.cursor() as cur, cur.copy(_PG_POINT_COPY) as copy:  # type: ignore[union-attr]
+            driver = conn.connection.driver_connection  # psycopg's connection; None only once closed
+            assert driver is not None
+            with driver.cursor() as cur, cur.copy(_PG_POINT_COPY) as copy:
                 for r in rows:
                     copy.write_row(r)
         return len(rows)

@@ -177,6 +177,11 @@ class VastConfig(_Section):
     retry_after_max_s: float = 30.0
     min_inet_down_mbps: float = 0.0  # pushed down to the search; 0 = no floor
     search_limit: int = 256  # offers asked for per search
+    # A job's log comes through Vast's logs API (docs/vast.md): the last log_tail_lines lines, read from the
+    # result URL it gives, polled every log_poll_s until it is there (log_wait_s at most).
+    log_tail_lines: int = Field(default=10_000, ge=1)
+    log_wait_s: float = Field(default=15.0, gt=0)
+    log_poll_s: float = Field(default=0.3, gt=0)
 
     @model_validator(mode="after")
     def _key_from_file(self) -> VastConfig:

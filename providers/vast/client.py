@@ -7,6 +7,7 @@ bounded by ``vast.max_attempts``, with Vast's Retry-After honoured up to
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -32,9 +33,12 @@ class VastClient:
         if config.api_key is not None:
             headers["Authorization"] = f"Bearer {config.api_key.get_secret_value()}"
         self._http = httpx.AsyncClient(base_url=config.url.rstrip("/"), headers=headers, timeout=config.timeout_s)
+        # The logs API's result URLs are object-storage URLs: fetched with no header, so the key never goes there.
+        self._plain = httpx.AsyncClient(timeout=config.timeout_s)
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        await self._plain.aclose()
 
     def retrying(self) -> AsyncRetrying:
         """The shared retry policy, paced by ``vast.max_attempts``, ``backoff_*`` and ``retry_after_max_s``."""
@@ -79,3 +83,29 @@ class VastClient:
                 break
             token = str(nxt)
         return out
+
+    async def instance_log(self, instance_id: str, *, tail: int) -> str:
+        """An instance's container log (its last ``tail`` lines) through the logs API.
+
+        ``PUT /api/v0/instances/request_logs/{id}/`` has Vast upload the log and answers its URL; the
+        upload takes a moment, so the URL is polled (403/404 until it is there), as Vast's CLI does.
+        A gone instance raises :class:`~providers.vast.errors.Refused` (404).
+        """
+        what = f"PUT /api/v0/instances/request_logs/{instance_id}/"
+        data = await self.call("PUT", f"/api/v0/instances/request_logs/{instance_id}/", body={"tail": str(tail)})
+        url = data.get("result_url") if isinstance(data, dict) else None
+        if not url:
+            raise TransientError(PROVIDER, f"{what}: no result_url in the answer", "no_log_url")
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.config.log_wait_s
+        while True:
+            try:
+                resp = await self._plain.get(str(url))
+            except httpx.TransportError as exc:
+                raise transport_error(exc, "GET the log's result_url") from None
+            if resp.status_code == 200:
+                return resp.text
+            if resp.status_code not in (403, 404) or loop.time() >= end:
+                raise TransientError(PROVIDER, f"{what}: the log was not readable at its result_url "
+                                               f"(HTTP {resp.status_code})", "log_not_ready")
+            await asyncio.sleep(self.config.log_poll_s)

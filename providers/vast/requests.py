@@ -6,11 +6,13 @@ launch's idempotency key: before renting, the provider looks it up.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from broker.errors import BadRequestError
 from broker.models import Market
 from providers.base import LaunchRequest
+from providers.vast.runtime import BOOT_ARGS, ENTRYPOINT
 
 PROVIDER = "vast"
 
@@ -24,8 +26,11 @@ def label_for(installation: str, req: LaunchRequest) -> str:
     return f"{label_prefix(installation)}{req.job_id}:{req.attempt}"
 
 
-def create_body(req: LaunchRequest, label: str) -> dict[str, Any]:
-    """The body of ``PUT /api/v0/asks/{id}/``: a bid at the ask's ``min_bid`` for a spot offer, else on-demand."""
+def create_body(req: LaunchRequest, label: str, *, env: Mapping[str, str], image_login: str | None = None
+                ) -> dict[str, Any]:
+    """The body of ``PUT /api/v0/asks/{id}/`` for one machine of a launch: a bid at the ask's ``min_bid`` for a
+    spot offer, else on-demand; the container runs the in-job wrapper (:mod:`.runtime`) and exits with the
+    job's command (``runtype: "args"``, ``onstart`` being the entrypoint of an args launch)."""
     spec = req.spec
     bid = None
     if req.offer.market == Market.spot:
@@ -35,13 +40,14 @@ def create_body(req: LaunchRequest, label: str) -> dict[str, Any]:
     return {
         "client_id": "me",
         "image": spec.container_image(),
-        "env": {"LOCKSTEP_JOB_ID": req.job_id, "LOCKSTEP_ATTEMPT": str(req.attempt)},
+        "env": dict(env),  # the wrapper and its manifest (secrets included: Vast shows env to the account owner)
         "price": bid,  # set = an interruptible bid at this $/h; null = on-demand
         "disk": spec.disk_gb,
         "label": label,
-        "onstart": spec.command,
-        "runtype": "ssh",
-        "image_login": None,
+        "onstart": ENTRYPOINT,
+        "runtype": "args",
+        "args": list(BOOT_ARGS),
+        "image_login": image_login,
         "python_utf8": False,
         "lang_utf8": False,
         "use_jupyter_lab": False,

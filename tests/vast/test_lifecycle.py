@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
-from broker.models import AllocationState, Market
-from providers.base import OfferQuery
+import asyncio
+import base64
+import gzip
+import json
+
+from pydantic import SecretStr
+
+from broker.config import RuntimeConfig
+from broker.models import AllocationState, Market, RegistryAuth
+from providers.base import LaunchRequest, OfferQuery
+from providers.runtime.manifest import REGISTRY_PASSWORD_VAR, RunRequest
 from providers.vast import VastProvider
-from tests.vast.helpers import launch_request
+from providers.vast.runtime import BOOT_ARGS
+from tests.vast.helpers import job_spec, launch_request
+from tests.waiting import eventually
 
 
 async def _cheapest(vast: VastProvider, gpu: str = "RTX-4090", market: Market = Market.on_demand):
@@ -29,7 +40,10 @@ async def test_rent_poll_destroy_and_find_again_by_label(vast_api, vast_config):
     assert create["path"] == f"/api/v0/asks/{ask_id}/"
     body = create["body"]
     assert body["label"] == "lockstep:ci:job-41:0" and body["price"] is None
-    assert body["image"] == req.spec.container_image() and body["onstart"] == req.spec.command and body["disk"] == 50.0
+    assert body["image"] == req.spec.container_image() and body["disk"] == 50.0
+    # The container is the job: an args launch whose entrypoint runs the wrapper shipped in env.
+    assert body["runtype"] == "args" and body["onstart"] == "sh" and body["args"] == BOOT_ARGS
+    assert {"LOCKSTEP_WRAPPER", "LOCKSTEP_MANIFEST"} <= set(body["env"])
     assert vast_api.state.instances[iid]["label"] == "lockstep:ci:job-41:0"
 
     # The rented ask leaves the market.
@@ -79,9 +93,45 @@ async def test_spot_launch_bids_min_bid_and_reports_preemption(vast_api, vast_co
         [create] = [r for r in vast_api.state.requests if r["method"] == "PUT"]
         assert create["body"]["price"] == float(offer.attrs["min_bid"])
         iid = int(alloc.resource_ids[0])
-        vast_api.state.set_instance(iid, actual_status="exited", cur_state="stopped", intended_status="running")
+        assert [(await vast.poll(alloc)).state for _ in range(2)] == [AllocationState.pending,
+                                                                      AllocationState.running]
+        await eventually(lambda: vast.job_log(alloc), lambda log: "lockstep node 0 of 1" in log,
+                         "the wrapper runs the command")
+        vast_api.state.outbid(iid)  # a higher bid: Vast stops the container (TERM), the wrapper says "signal"
+        box = vast_api.state.containers[iid]
+        await eventually(lambda: asyncio.to_thread(box.running), lambda alive: not alive, "the container stops")
+        log = await vast.job_log(alloc)
+        assert '"reason": "signal"' in log.splitlines()[-1]  # the wrapper's own account of the TERM
         status = await vast.poll(alloc)
-        assert status.state is AllocationState.preempted and "outbid" in status.reason
+        assert status.state is AllocationState.preempted and "outbid" in status.reason and status.exit is None
+
+
+async def test_a_container_stopped_outside_lockstep_without_an_exit_status_fails_clearly(vast_api, vast_config):
+    async with VastProvider(vast_config) as vast:
+        offer = await _cheapest(vast)
+        alloc = await vast.launch(launch_request(offer, job_id="job-stopped"))
+        iid = int(alloc.resource_ids[0])
+        # Stopped in Vast's console before it ever ran: exited, with no log and no LOCKSTEP-EXIT line.
         vast_api.state.set_instance(iid, actual_status="exited", cur_state="stopped", intended_status="stopped",
-                                    is_bid=False)
-        assert (await vast.poll(alloc)).state is AllocationState.succeeded
+                                    status_msg="stopped by user")
+        status = await vast.poll(alloc)
+    assert status.state is AllocationState.failed and status.exit is not None
+    assert status.exit.exit_code == 127 and status.exit.reason.value == "error"
+    assert "no LOCKSTEP-EXIT line" in status.reason and "stopped by user" in status.reason
+
+
+async def test_a_private_image_logs_in_through_vast_and_the_command_never_sees_the_password(vast_api, vast_config):
+    async with VastProvider(vast_config) as vast:
+        offer = await _cheapest(vast)
+        spec = job_spec(offer.gpu, offer.gpu_count).model_copy(update={
+            "image": "registry.example.com/team/train:3",
+            "registry": RegistryAuth(server="registry.example.com", username="bot", password_secret="reg")})
+        run = RunRequest.for_launch(spec, job_id="job-private", attempt=1, runtime=RuntimeConfig(), secrets={
+            REGISTRY_PASSWORD_VAR: SecretStr("reg-pass-0451"), "HF_TOKEN": SecretStr("hf-token-7781")})
+        await vast.launch(LaunchRequest(job_id="job-private", attempt=1, spec=spec, offer=offer, nodes=1, run=run))
+    [create] = [r["body"] for r in vast_api.state.requests if r["method"] == "PUT"]
+    assert create["image"] == "registry.example.com/team/train:3"
+    assert create["image_login"] == "-u bot -p reg-pass-0451 registry.example.com"  # Vast pulls the image
+    manifest = json.loads(gzip.decompress(base64.b64decode(create["env"]["LOCKSTEP_MANIFEST"])))
+    assert manifest["secrets"] == {"HF_TOKEN": "hf-token-7781"}  # the password is Vast's, not the command's
+    assert manifest["rendezvous"]["mode"] == "single" and "container" not in manifest and "shutdown" not in manifest

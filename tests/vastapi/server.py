@@ -12,6 +12,22 @@ Implements what Lockstep's adapter calls, as Vast's official CLI calls it (share
   ``GET /api/v0/instances/{id}/?owner=me`` → ``{"instances": {...}}``, ``DELETE /api/v0/instances/{id}/``.
 - ``Authorization: Bearer <key>`` on every ``/api/`` call (401 otherwise).
 
+Containers: an instance created with ``runtype: "args"`` runs its command as a local process (there is no
+container engine here, so the image is not pulled: its command runs on this host). As on Vast, ``onstart`` is the
+entrypoint of an args launch and ``args`` its arguments; the process gets the create body's ``env`` (and a PATH,
+HOME and TMPDIR of its own, in a temp dir), its stdout and stderr go to one log, as ``docker logs`` has them. The
+instance is ``loading`` (pulling the image) on its first look, starts its process and is ``running`` on the next,
+and is ``exited`` once the process ends (Vast reports no exit code; ``status_msg`` says what docker says).
+``DELETE`` kills every process of the container, as ``docker rm -f`` does (each carries ``VASTAPI_CONTAINER``,
+so one that started a session of its own is found too); the server kills every container when it stops.
+An image in ``VastState.images_without_python`` runs with a PATH that has ``sh`` and no ``python3``.
+``runtype: "ssh"`` instances run nothing (their ``onstart`` would run beside an ssh daemon that never exits).
+
+- ``PUT /api/v0/instances/request_logs/{id}/`` with ``{"tail": "N", "filter": "text", "daemon_logs": "true"}``
+  → ``{"success": true, "result_url": ...}``: the log as it is now, uploaded to a URL of its own that needs no key
+  (S3 on the real service). As on S3, the object is not there yet on the first GET (403 AccessDenied): clients
+  poll it, as Vast's CLI does.
+
 Faults for the client's retry and error paths (``VastState.faults`` in process, or ``POST /_admin/faults``):
 a fraction of 429/500 answers, a burst of N 429s with ``Retry-After``, the daily search quota 429, a permanent 401,
 asks rented by someone else between search and create, a create whose answer is lost (rented, then 502), and
@@ -25,13 +41,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import base64
 import copy
 import json
+import os
 import random
+import secrets
+import shutil
+import signal
 import socket
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -65,6 +89,133 @@ class Faults:
     seed: int = 1
 
 
+STOP_GRACE_S = 10.0  # docker stop's TERM → KILL
+# Every process of a container carries this variable (as every process of a real container is in its PID
+# namespace): a process that left the container's process group (a new session) is still found and killed.
+CONTAINER_VAR = "VASTAPI_CONTAINER"
+_LIVE: set[str] = set()  # the containers still running, for the exit hook
+
+
+def container_processes(token: str) -> list[int]:
+    """The processes of one container, found by the variable they inherited (Linux /proc)."""
+    needle = f"{CONTAINER_VAR}={token}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if needle in fh.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:  # gone meanwhile, or not ours
+            continue
+    return found
+
+
+def kill_container(token: str) -> None:
+    """SIGKILL every process of a container, until none is left (what removing a container does)."""
+    for _ in range(20):
+        pids = container_processes(token)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.01)
+    _LIVE.discard(token)
+
+
+def _kill_live_containers() -> None:
+    """Backstop for an interpreter that exits without stopping its server: no container outlives it."""
+    for token in list(_LIVE):
+        kill_container(token)
+
+
+atexit.register(_kill_live_containers)
+
+
+class Container:
+    """One instance's container, as local processes: the entrypoint + args with the create body's env, stdout
+    and stderr into one log file (what ``docker logs`` shows). As in docker, the container ends when its first
+    process does (the rest are killed), ``stop`` TERMs that process, and ``remove`` kills every process."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], root: Path, no_python: bool) -> None:
+        self.dir = root
+        self.log_path = root / "container.log"
+        self.token = secrets.token_hex(8)
+        home = root / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        path = os.environ.get("PATH", "/usr/bin:/bin")
+        if no_python:  # an image without python3: sh and nothing else on its PATH
+            bin_dir = root / "bin"
+            bin_dir.mkdir(exist_ok=True)
+            sh = shutil.which("sh")
+            if sh:
+                (bin_dir / "sh").symlink_to(sh)
+            path = str(bin_dir)
+        full_env = {"PATH": path, "HOME": str(home), "TMPDIR": str(home), "LANG": "C.UTF-8"}
+        full_env.update(env)
+        full_env[CONTAINER_VAR] = self.token
+        exe = shutil.which(argv[0], path=path) if argv else None
+        self.returncode: int | None = None
+        self.status_msg = ""
+        self.stop_at: float | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        if exe is None:
+            # docker create fails before anything runs; Vast shows the daemon's error.
+            self.returncode = 127
+            self.status_msg = (f'Error response from daemon: failed to create task for container: exec: '
+                               f'"{argv[0] if argv else ""}": executable file not found in $PATH')
+            self.log_path.touch()
+            return
+        _LIVE.add(self.token)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen([exe, *argv[1:]], env=full_env, cwd=home, stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def running(self) -> bool:
+        """Is the container's first process still running? Notes its end (and KILLs a stopped one past its
+        grace period)."""
+        if self.proc is None or self.returncode is not None:
+            return False
+        code = self.proc.poll()
+        if code is None:
+            if self.stop_at is not None and time.monotonic() > self.stop_at:
+                kill_container(self.token)
+            return True
+        self.returncode = 128 - code if code < 0 else code
+        self.status_msg = f"Exited ({self.returncode})"
+        kill_container(self.token)  # the container is over: whatever it left behind goes with it
+        return False
+
+    def stop(self) -> None:
+        """``docker stop``: TERM the first process now, KILL everything after the grace period (on a later look)."""
+        if self.proc is not None and self.returncode is None:
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+            except OSError:
+                pass
+            self.stop_at = time.monotonic() + STOP_GRACE_S
+
+    def remove(self) -> None:
+        """``docker rm -f``: KILL every process, reap the first, delete the files."""
+        kill_container(self.token)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+
 @dataclass
 class VastState:
     api_key: str
@@ -77,18 +228,84 @@ class VastState:
     requests: list[dict[str, Any]] = field(default_factory=list)
     faults: Faults = field(default_factory=Faults)
     next_instance: int = 21_000_000
+    containers: dict[int, Container] = field(default_factory=dict)  # instance id → its running command
+    daemon_logs: dict[int, list[str]] = field(default_factory=dict)  # instance id → the host daemon's notes
+    log_uploads: dict[str, dict[str, Any]] = field(default_factory=dict)  # result URL token → the uploaded log
+    images_without_python: set[str] = field(default_factory=set)
     _fault_rng: random.Random = field(default_factory=lambda: random.Random(1))
+    _root: Path | None = None
 
     def __post_init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
-        """Back to a fresh market: every ask free, no instances, no faults, an empty request log."""
+        """Back to a fresh market: every ask free, no instances (their containers killed), no faults, an empty
+        request log."""
         self.offers = {o["id"]: o for o in generate_offers(self.seed, self.count, self.anchors)}
+        self.stop_containers()
         self.rented.clear()
         self.instances.clear()
         self.requests.clear()
+        self.daemon_logs.clear()
+        self.log_uploads.clear()
+        self.images_without_python.clear()
         self.set_faults(Faults())
+
+    def stop_containers(self) -> None:
+        """Kill every container's process group (a server that stops leaves nothing running)."""
+        for c in self.containers.values():
+            c.remove()
+        self.containers.clear()
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+
+    def note(self, instance_id: int, text: str) -> None:
+        """A line of the host daemon's log for this instance (``daemon_logs: "true"``)."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+        self.daemon_logs.setdefault(instance_id, []).append(f"{stamp} {text}")
+
+    def start_container(self, inst: dict[str, Any]) -> None:
+        """Run an args launch's entrypoint + args as a local process (the image itself is not pulled)."""
+        iid = inst["id"]
+        if inst.get("image_runtype") != "args" or iid in self.containers:
+            return
+        if self._root is None:
+            self._root = Path(tempfile.mkdtemp(prefix="vastapi-"))
+        argv = [str(inst["onstart"])] if inst.get("onstart") else []
+        argv += [str(a) for a in inst.get("image_args") or []]
+        env = {str(k): str(v) for k, v in inst.get("extra_env") or []}
+        box = Container(argv, env, self._root / str(iid), inst.get("image_uuid") in self.images_without_python)
+        self.containers[iid] = box
+        self.note(iid, f"container for {inst.get('image_uuid')} started" if box.proc else box.status_msg)
+
+    def refresh(self, inst: dict[str, Any]) -> None:
+        """A running container whose process ended is ``exited`` (its ``status_msg`` says how, docker's words)."""
+        box = self.containers.get(inst["id"])
+        if box is None or inst.get("actual_status") not in ("running", "loading"):
+            return
+        if not box.running():
+            inst.update(actual_status="exited", status_msg=box.status_msg)
+            self.note(inst["id"], f"container exited: {box.status_msg}")
+
+    def container_log(self, instance_id: int) -> str:
+        box = self.containers.get(instance_id)
+        return box.log_text() if box is not None else ""
+
+    def outbid(self, instance_id: int) -> None:
+        """A higher bid takes an interruptible instance's machine: its container is stopped (docker stop)."""
+        inst = self.instances[instance_id]
+        inst.update(actual_status="exited", cur_state="stopped", intended_status="running",
+                    status_msg="stopped: outbid")
+        box = self.containers.get(instance_id)
+        if box is not None:
+            box.stop()
+        self.note(instance_id, "container stopped: outbid by a higher bid")
+
+    def vanish(self, instance_id: int) -> None:
+        """The instance is gone behind the renter's back (its host died, or someone destroyed it)."""
+        if self.destroy(instance_id) is None:
+            raise KeyError(instance_id)
 
     def set_faults(self, faults: Faults) -> None:
         self.faults = faults
@@ -105,6 +322,17 @@ class VastState:
     def set_instance(self, instance_id: int, **fields: Any) -> None:
         """Move an instance along (actual_status, cur_state, intended_status, status_msg...)."""
         self.instances[instance_id].update(fields)
+
+    def destroy(self, instance_id: int) -> dict[str, Any] | None:
+        """Destroy an instance: its container killed, its machine back on the market."""
+        inst = self.instances.pop(instance_id, None)
+        if inst is None:
+            return None
+        self.rented.pop(inst["ask_id"], None)
+        box = self.containers.pop(instance_id, None)
+        if box is not None:
+            box.remove()
+        return inst
 
 
 # --------------------------------------------------------------------------- the query engine
@@ -332,6 +560,8 @@ async def _list_instances(request: web.Request) -> web.Response:
         limit = max(1, min(int(request.query.get("limit", "25")), 100))
         token = request.query.get("after_token")
         after = int(base64.urlsafe_b64decode(token.encode()).decode()) if token else None
+        for inst in state.instances.values():
+            state.refresh(inst)
         rows = [_public(i) for i in state.instances.values()]
         known = set(rows[0]) if rows else {"id", "label"}
         rows = apply_filters(rows, filters, known)
@@ -359,22 +589,72 @@ async def _show_instance(request: web.Request) -> web.Response:
     inst = state.instances.get(int(request.match_info["instance_id"]))
     if inst is None:
         return _error(404, "no_such_instance", "Instance not found.")
-    # A new instance loads its image, then runs: each look moves it one step along.
+    # A new instance loads its image, then runs (an args launch starts its command): each look moves it one step.
     if inst["actual_status"] is None:
         inst["actual_status"] = "loading"
         inst["status_msg"] = "Pulling image"
+        state.note(inst["id"], f"pulling {inst.get('image_uuid')}")
     elif inst["actual_status"] == "loading":
         inst.update(actual_status="running", status_msg="", uptime_mins=0.1)
+        state.start_container(inst)
+    state.refresh(inst)
     return web.json_response({"instances": _public(inst)})
 
 
 async def _destroy(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    inst = state.instances.pop(int(request.match_info["instance_id"]), None)
-    if inst is None:
+    if request.app[STATE].destroy(int(request.match_info["instance_id"])) is None:
         return _error(404, "no_such_instance", "Instance not found.")
-    state.rented.pop(inst["ask_id"], None)  # the machine goes back to the market
     return web.json_response({"success": True})
+
+
+def _tail(text: str, body: dict[str, Any]) -> str:
+    """``filter`` (a grep: lines containing it) and ``tail`` (the last N lines), as the real endpoint applies."""
+    lines = text.splitlines(keepends=True)
+    if body.get("filter"):
+        lines = [ln for ln in lines if str(body["filter"]) in ln]
+    tail = body.get("tail")
+    if tail not in (None, ""):
+        n = int(tail)
+        lines = lines[-n:] if n > 0 else []
+    return "".join(lines)
+
+
+async def _request_logs(request: web.Request) -> web.Response:
+    """Upload the instance's log (container or daemon) to a URL of its own, as Vast does to S3."""
+    state = request.app[STATE]
+    iid = int(request.match_info["instance_id"])
+    inst = state.instances.get(iid)
+    if inst is None:
+        return _error(404, "invalid_id", "Invalid instance id.")
+    body = request[BODY] if isinstance(request[BODY], dict) else {}
+    try:
+        state.refresh(inst)
+        if str(body.get("daemon_logs", "")).lower() == "true":
+            text = "".join(line + "\n" for line in state.daemon_logs.get(iid, []))
+        else:
+            text = state.container_log(iid)
+        text = _tail(text, body)
+    except (TypeError, ValueError):
+        return _error(400, "invalid_args", "tail must be a number of lines")
+    token = secrets.token_hex(16)
+    state.log_uploads[token] = {"instance_id": iid, "text": text, "gets": 0}
+    url = f"{request.scheme}://{request.host}/_s3/instance_logs/{token}.log"
+    return web.json_response({"success": True, "result_url": url, "msg": "Logs will be uploaded to the result url"})
+
+
+async def _uploaded_log(request: web.Request) -> web.Response:
+    """The uploaded log (no key: a public object). Not there yet on the first GET, as on S3 right after the PUT."""
+    upload = request.app[STATE].log_uploads.get(request.match_info["token"])
+    if upload is None:
+        return web.Response(status=404, content_type="application/xml",
+                            text="<Error><Code>NoSuchKey</Code><Message>The specified key does not exist.</Message>"
+                                 "</Error>")
+    upload["gets"] += 1
+    upload["keyed"] = upload.get("keyed", False) or "Authorization" in request.headers  # a key sent to S3: a leak
+    if upload["gets"] == 1:
+        return web.Response(status=403, content_type="application/xml",
+                            text="<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>")
+    return web.Response(text=upload["text"], content_type="text/plain", charset="utf-8")
 
 
 async def _admin_reset(request: web.Request) -> web.Response:
@@ -406,6 +686,8 @@ def make_app(state: VastState) -> web.Application:
     app.router.add_get("/api/v1/instances/", _list_instances)
     app.router.add_get("/api/v0/instances/{instance_id:\\d+}/", _show_instance)
     app.router.add_delete("/api/v0/instances/{instance_id:\\d+}/", _destroy)
+    app.router.add_put("/api/v0/instances/request_logs/{instance_id:\\d+}/", _request_logs)
+    app.router.add_get("/_s3/instance_logs/{token:[0-9a-f]+}.log", _uploaded_log)
     app.router.add_post("/_admin/reset", _admin_reset)
     app.router.add_post("/_admin/faults", _admin_faults)
     app.router.add_get("/_admin/requests", _admin_requests)
@@ -445,6 +727,7 @@ class VastApiServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        self.state.stop_containers()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -462,9 +745,13 @@ def main(argv: list[str] | None = None) -> None:
 
     async def serve() -> None:
         await server.start()
+        done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # stop cleanly: no container outlives the server
+            loop.add_signal_handler(sig, done.set)
         print(f"Vast API on {server.url} ({args.count} offers, seed {args.seed})", flush=True)
         try:
-            await asyncio.Event().wait()
+            await done.wait()
         finally:
             await server.stop()
 

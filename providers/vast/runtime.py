@@ -1,0 +1,118 @@
+"""The run-time contract on Vast (docs/runtime.md, docs/vast.md): the container *is* the job.
+
+Pure functions. Each machine of a launch is created with ``runtype: "args"``: ``onstart`` is then the
+container's entrypoint (``sh``) and ``args`` its arguments, a bootstrap that decodes the in-job wrapper
+from the environment and runs it with the image's ``python3``. The wrapper and its manifest travel in
+the create body's ``env`` (gzip + base64); the wrapper echoes its time-stamped lines to the container's
+stdout and ends with a ``LOCKSTEP-EXIT {...}`` line, which the broker reads back through Vast's logs API.
+When the command ends the container exits, and the broker destroys the instance.
+
+A manifest is made per machine (``rank``), so a launch of N machines is N create bodies that differ only
+in their rendezvous: ``single`` for one machine; a later step gives multi-machine jobs ``peers``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from broker.models import ExitReason, JobExit
+from providers.runtime.logs import exit_from_log, parse_log
+from providers.runtime.manifest import REGISTRY_PASSWORD_VAR, RunRequest, build_manifest, encode_blob, wrapper_source
+from providers.runtime.wrapper import EXIT_MARKER, WRAPPER_FAILED
+
+
+def _sh_quoted(text: str) -> str:
+    """``text`` for the inside of a single-quoted sh word."""
+    return text.replace("'", "'\\''")
+
+
+WRAPPER_VAR = "LOCKSTEP_WRAPPER"
+MANIFEST_VAR = "LOCKSTEP_MANIFEST"
+PARTS_VAR = "LOCKSTEP_MANIFEST_PARTS"
+# One variable's value at most: Linux refuses a single string above 128 KiB at exec (MAX_ARG_STRLEN).
+# A larger manifest (a job's files reach 512 KiB) is split into LOCKSTEP_MANIFEST_0..N-1.
+ENV_CHUNK = 64 * 1024
+ENTRYPOINT = "sh"
+NO_PYTHON = ("this image has no python3, which Lockstep's run-time wrapper needs (docs/vast.md): "
+             "use an image with Python 3.8 or later")
+
+# The entrypoint's script: say clearly when the image cannot run the wrapper, else hand over to python3.
+# $1 is the Python bootstrap below (an argument of its own: no quoting of one language inside another).
+_NO_PYTHON_EXIT = EXIT_MARKER + json.dumps({"exit_code": WRAPPER_FAILED, "reason": "error", "rank": 0,
+                                            "last_lines": [NO_PYTHON]})
+BOOT_SH = (
+    "if ! command -v python3 >/dev/null 2>&1; then\n"
+    f"  echo 'lockstep-run: {_sh_quoted(NO_PYTHON)}'\n"
+    f"  echo '{_sh_quoted(_NO_PYTHON_EXIT)}'\n"
+    f"  exit {WRAPPER_FAILED}\n"
+    "fi\n"
+    'exec python3 -c "$1"\n'
+)
+# Joins a split manifest, takes the wrapper out of the environment (the command does not see either) and
+# runs it as the main program: it reads its manifest from LOCKSTEP_MANIFEST.
+BOOT_PY = (
+    "import base64,gzip,os,sys\n"
+    "e=os.environ\n"
+    f"n=int(e.pop('{PARTS_VAR}','0') or 0)\n"
+    f"if n: e['{MANIFEST_VAR}']=''.join(e.pop('{MANIFEST_VAR}_%d'%i) for i in range(n))\n"
+    f"src=gzip.decompress(base64.b64decode(e.pop('{WRAPPER_VAR}')))\n"
+    "sys.argv=['lockstep-run']\n"
+    "exec(compile(src,'lockstep-run.py','exec'),{'__name__':'__main__'})\n"
+)
+BOOT_ARGS = ["-c", BOOT_SH, "lockstep-boot", BOOT_PY]
+
+
+def node_manifest(run: RunRequest, *, rendezvous: Mapping[str, Any]) -> dict[str, Any]:
+    """One machine's manifest: the command runs in this container (no container of its own), its lines go
+    to stdout (read back through the logs API) and to a file in its working directory, and nothing shuts
+    the machine down (the container exits with the command). The registry password is Vast's to use
+    (``image_login``), not the command's."""
+    secrets = {k: v for k, v in run.secrets.items() if k != REGISTRY_PASSWORD_VAR}
+    return build_manifest(run.model_copy(update={"secrets": secrets}), rendezvous=rendezvous,
+                          logs={"stdout": True})
+
+
+def single_node() -> dict[str, Any]:
+    """The rendezvous of a one-machine job: rank 0 of 1, its own head."""
+    return {"mode": "single"}
+
+
+def node_env(run: RunRequest, manifest: Mapping[str, Any]) -> dict[str, str]:
+    """The create body's ``env``: the wrapper and the manifest (split when large), plus the job's id and
+    attempt in the clear (they show in Vast's console beside the label)."""
+    env = {"LOCKSTEP_JOB_ID": run.job_id, "LOCKSTEP_ATTEMPT": str(run.attempt),
+           WRAPPER_VAR: encode_blob(wrapper_source())}
+    blob = encode_blob(manifest)
+    if len(blob) <= ENV_CHUNK:
+        env[MANIFEST_VAR] = blob
+        return env
+    parts = [blob[i:i + ENV_CHUNK] for i in range(0, len(blob), ENV_CHUNK)]
+    env[PARTS_VAR] = str(len(parts))
+    env.update({f"{MANIFEST_VAR}_{i}": part for i, part in enumerate(parts)})
+    return env
+
+
+def image_login(run: RunRequest) -> str | None:
+    """Vast's ``image_login`` (``docker login`` arguments) for a private registry; None for a public image."""
+    if run.registry is None:
+        return None
+    password = run.secrets.get(REGISTRY_PASSWORD_VAR)
+    if password is None:
+        return None
+    return f"-u {run.registry.username} -p {password.get_secret_value()} {run.registry.server}"
+
+
+def node_exit(log: str, status_msg: str = "") -> JobExit:
+    """How a machine's command ended, from its container's log: the wrapper's ``LOCKSTEP-EXIT`` line, else
+    (a container that ended without one: no python3, a wrapper killed, an image that failed to start) a
+    failure saying so, with the log's last lines."""
+    found = exit_from_log(log)
+    if found is not None:
+        return found
+    last = [ln.text for ln in parse_log(log)][-9:]
+    why = "the container exited without the wrapper's exit status (no LOCKSTEP-EXIT line in its log)"
+    if status_msg:
+        why += f"; Vast says: {status_msg[:200]}"
+    return JobExit(exit_code=WRAPPER_FAILED, reason=ExitReason.error, last_lines=[*last, why])

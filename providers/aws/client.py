@@ -13,10 +13,10 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
+from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
-from botocore.config import Config as BotoConfig
 
 from broker.config import AwsConfig
 from broker.errors import ProviderError
@@ -39,7 +39,7 @@ def chunks(items: list[str], size: int = CHUNK) -> Iterable[list[str]]:
 class _Service:
     """One AWS service in any region, for one adapter (``provider`` names it in errors)."""
 
-    service = ""
+    service: Literal["ec2", "s3"]
 
     def __init__(self, config: AwsConfig, *, provider: str = "aws", session: AioSession | None = None,
                  endpoint_url: str | None = None, boto: dict[str, Any] | None = None) -> None:
@@ -58,7 +58,7 @@ class _Service:
         async with self._lock:
             client = self._clients.get(region)
             if client is None:
-                cfg = BotoConfig(
+                cfg = AioConfig(
                     retries={"total_max_attempts": 1, "mode": "standard"},  # our retries, after mapping
                     connect_timeout=5,
                     read_timeout=max(5.0, self.config.region_timeout_s),

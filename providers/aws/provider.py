@@ -308,10 +308,8 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
             )
             await self.ensure_placement_group(region, group, tags)
         where = self.runs.location(req.job_id, req.attempt) if self.runs is not None else None
-        if self.runs is not None:
-            script = await self.runs.stage(req, efa=wants_efa(req, gpu_type))
-        else:
-            script = user_data(req)
+        script: str | None = (await self.runs.stage(req, efa=wants_efa(req, gpu_type)) if self.runs is not None
+                              else user_data(req))
         params = run_instances_request(
             req,
             config=self.config,

@@ -34,7 +34,7 @@ import numpy as np
 
 from broker.config import OwnedCost
 from broker.errors import SpecError
-from broker.models import JobSpec, Market, QuoteOption, as_utc
+from broker.models import JobSpec, Market, QuoteOption, Workload, as_utc
 from broker.simulate.cluster import EPOCH, catalog_book, cloud_rates, owned_rates
 from broker.simulate.traces import Pod
 from policies.ranking import quote
@@ -170,7 +170,7 @@ def catalog_prices(gpu: str, gpus_per_node: int) -> Prices:
 
 def cloud_rates_all(gpu: str, gpus: int) -> list[QuoteOption]:
     """Every on-demand option the ranking gives for a node of this model (for the reservable ones)."""
-    spec = JobSpec(name="advise", gpu=[gpu], gpus=gpus, workload={"hours": 1.0})
+    spec = JobSpec(name="advise", gpu=[gpu], gpus=gpus, workload=Workload(hours=1.0))
     return [o for o in quote(catalog_book(), spec, now=EPOCH, top=200).options if o.market is Market.on_demand]
 
 
@@ -222,7 +222,7 @@ def _owned_plan(name: str, usage: Usage, owned_gpus: int, prices: Prices, owned:
 
 @dataclass
 class Advice:
-    usage: dict[str, float]
+    usage: dict[str, float | str]  # the figures, and "source": where they came from
     prices: dict[str, Any]
     owned_cost: dict[str, float]
     plans: list[dict[str, Any]]
@@ -269,7 +269,7 @@ def advise(usage: Usage, prices: Prices, owned: OwnedCost, gpus_per_node: int = 
                   f"{p.name}: ${p.usd_per_year:,.0f}" for p in plans if p is not best))
     rules = _rules(verdict, weekly, usage, prices, be_util, util, fixed, power, owned, gpus_per_node)
     return Advice(
-        usage={"source": usage.source, "span_hours": round(usage.span_hours, 2),  # type: ignore[dict-item]
+        usage={"source": usage.source, "span_hours": round(usage.span_hours, 2),
                "gpu_hours": round(usage.gpu_hours, 2), "gpu_hours_per_week": round(weekly, 1),
                "mean_gpus": round(usage.gpu_hours / usage.span_hours, 2), "peak_gpus": round(usage.peak_gpus, 2),
                "interruptible_share": round(share, 4)},

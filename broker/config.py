@@ -159,6 +159,15 @@ class AwsConfig(_Section):
     egress_usd_per_gb: float = 0.09
     max_cluster_nodes: int = Field(default=16, ge=1)  # nodes offered together in one cluster placement group
     placement_groups: bool = True  # multi-node jobs get a cluster placement group (off only for emulators)
+    # The run-time contract on EC2 (docs/aws.md "At run time"): the in-job wrapper, its manifest, each node's
+    # log and status go through this bucket by presigned URLs. Unset: a job runs as a bare `docker run` with no
+    # logs or exit status, and a job that needs env, secrets, files or a data input is refused at launch.
+    runtime_bucket: str | None = Field(default=None, min_length=3, max_length=63)
+    runtime_prefix: str = Field(default="lockstep", max_length=200)  # key prefix inside the bucket
+    runtime_region: str | None = None  # the bucket's region (SigV4 signs for it); default: the first of regions
+    s3_endpoint_url: str | None = None  # S3's endpoint (moto in tests, a gateway endpoint); default: AWS's own
+    # Lifetime of the presigned GETs an instance boots with (wrapper, manifest, peer list, data input).
+    runtime_url_ttl_s: float = Field(default=3600.0, gt=0, le=604_800)
 
 
 class VastConfig(_Section):

@@ -44,7 +44,7 @@ def fields(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-class ContextAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
+class ContextAdapter(logging.LoggerAdapter[logging.Logger]):
     """A logger whose lines carry fixed context fields; a call's own ``extra`` adds to them."""
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
@@ -52,7 +52,7 @@ class ContextAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, kwargs
 
 
-def bind(logger: logging.Logger | logging.LoggerAdapter, **values: Any) -> ContextAdapter:  # type: ignore[type-arg]
+def bind(logger: logging.Logger | logging.LoggerAdapter[logging.Logger], **values: Any) -> ContextAdapter:
     """``logger`` with context fields (job_id, tenant, provider) on every line."""
     base = logger.logger if isinstance(logger, logging.LoggerAdapter) else logger
     inherited = dict(logger.extra or {}) if isinstance(logger, logging.LoggerAdapter) else {}

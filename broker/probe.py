@@ -205,7 +205,7 @@ def nvidia_smi_info() -> dict[str, Any]:
         return {"available": True, "error": str(exc)}
     if rows is None:
         return {"available": False}
-    gpus = [
+    gpus: list[dict[str, Any]] = [  # JSON objects, one per GPU
         {"index": int(r[0]), "uuid": r[1], "name": r[2], "pci_bus_id": r[3], "driver_version": r[4],
          "memory_mib": _int_or_none(r[5])}
         for r in rows if len(r) >= 6

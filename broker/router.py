@@ -251,7 +251,7 @@ class Router:
             secret_values = self.secrets.resolve(job.spec)
         except SpecError as exc:  # the spec names a secret no source has: no market can run it
             failed = await self.lifecycle.fail_placing(job.id, f"cannot launch: {exc}")
-            return PlacementResult(failed, False, failed.reason, ())
+            return PlacementResult(failed, False, failed.reason, [])
 
         tries: list[LaunchTry] = []
         skip: set[str] = set()

@@ -90,7 +90,8 @@ def series_dict(key: SeriesKey, gpu: str = "") -> dict[str, str]:
 
 def _alert_key(alert: dict[str, Any]) -> SeriesKey:
     s = alert.get("series") or {}
-    return tuple(str(s.get(f, "")) for f in SERIES_FIELDS)  # type: ignore[return-value]
+    provider, market, sku, region, zone, stat = (str(s.get(f, "")) for f in SERIES_FIELDS)
+    return provider, market, sku, region, zone, stat
 
 
 def spot_volatility(store: Store, now: datetime, days: float = 7.0) -> dict[RiskKey, float]:
@@ -280,7 +281,8 @@ class Tracker:
         self, key: SeriesKey, since: datetime | None, until: datetime | None, limit: int | None
     ) -> list[tuple[datetime, float]]:
         pts = self.store.price_history(
-            PriceFilter(**dict(zip(SERIES_FIELDS, key, strict=True)), since=since, until=until, limit=limit)
+            PriceFilter.model_validate(
+                {**dict(zip(SERIES_FIELDS, key, strict=True)), "since": since, "until": until, "limit": limit})
         )
         return [(as_utc(p.at), p.usd_per_hour) for p in pts]
 

@@ -178,7 +178,8 @@ class Groups:
         if len(starts) == 1:
             return np.arange(starts[0], starts[0] + total, dtype=np.int64)
         ends = np.cumsum(sizes)
-        return np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - sizes), sizes)
+        rows: np.ndarray = np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - sizes), sizes)
+        return rows
 
     def of_rows(self, rows: np.ndarray) -> np.ndarray:
         """The group index of each book row in ``rows``."""
@@ -204,28 +205,75 @@ class OfferRow:
     def _t(self, name: str) -> str:
         return self._book.text(name, self._i)
 
-    def _n(self, name: str) -> Any:
-        return self._book.cols[name][self._i].item()
+    def _int(self, name: str) -> int:
+        return int(self._book.cols[name][self._i])
 
-    id = property(lambda self: self._book.ids[self._i])
-    provider = property(lambda self: self._t("provider"))
-    sku = property(lambda self: self._t("sku"))
-    gpu = property(lambda self: self._t("gpu"))
-    region = property(lambda self: self._t("region"))
-    zone = property(lambda self: self._t("zone"))
-    market = property(lambda self: MARKETS[self._n("market")])
-    colocation = property(lambda self: COLOCATIONS[self._n("coloc")])
-    fabric = property(lambda self: FABRICS[self._n("fabric")])
-    fabric_gbps = property(lambda self: self._n("fabric_gbps"))
-    gpu_count = property(lambda self: self._n("gpu_count"))
-    gpu_memory_gb = property(lambda self: self._n("gpu_mem"))
-    usd_per_hour = property(lambda self: self._n("price"))
-    divisible = property(lambda self: self._n("divisible"))
-    max_nodes = property(lambda self: self._n("max_nodes"))
+    def _float(self, name: str) -> float:
+        return float(self._book.cols[name][self._i])
+
+    @property
+    def id(self) -> str:
+        return self._book.ids[self._i]
+
+    @property
+    def provider(self) -> str:
+        return self._t("provider")
+
+    @property
+    def sku(self) -> str:
+        return self._t("sku")
+
+    @property
+    def gpu(self) -> str:
+        return self._t("gpu")
+
+    @property
+    def region(self) -> str:
+        return self._t("region")
+
+    @property
+    def zone(self) -> str:
+        return self._t("zone")
+
+    @property
+    def market(self) -> Market:
+        return MARKETS[self._int("market")]
+
+    @property
+    def colocation(self) -> Colocate:
+        return COLOCATIONS[self._int("coloc")]
+
+    @property
+    def fabric(self) -> Fabric:
+        return FABRICS[self._int("fabric")]
+
+    @property
+    def fabric_gbps(self) -> float:
+        return self._float("fabric_gbps")
+
+    @property
+    def gpu_count(self) -> int:
+        return self._int("gpu_count")
+
+    @property
+    def gpu_memory_gb(self) -> float:
+        return self._float("gpu_mem")
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self._float("price")
+
+    @property
+    def divisible(self) -> bool:
+        return bool(self._book.cols["divisible"][self._i])
+
+    @property
+    def max_nodes(self) -> int:
+        return self._int("max_nodes")
 
     @property
     def reliability(self) -> float | None:
-        r = self._n("reliability")
+        r = self._float("reliability")
         return None if r != r else r  # NaN: the market does not say
 
 
@@ -435,7 +483,11 @@ class OfferBook:
         """Row ``row`` as an Offer: the original object when built from offers, else made from the columns."""
         if self.source is not None and self.order is not None:
             return self.source[int(self.order[row])]
-        c, t = self.cols, (lambda name: self.text(name, row))
+        c = self.cols
+
+        def t(name: str) -> str:
+            return self.text(name, row)
+
         src = t("perf_source")
         perf = None
         if src != DATASHEET:

@@ -94,9 +94,10 @@ def job_node_price(book: OfferBook, spec: JobSpec, idx: np.ndarray | None = None
         if not book.any_divisible:
             return book["price"]
         return np.where(book["divisible"], book["price_per_gpu"] * spec.gpus_per_node, book["price"])
+    price: np.ndarray = book["price"][idx]
     if not book.any_divisible:
-        return book["price"][idx]
-    return np.where(book["divisible"][idx], book["price_per_gpu"][idx] * spec.gpus_per_node, book["price"][idx])
+        return price
+    return np.where(book["divisible"][idx], book["price_per_gpu"][idx] * spec.gpus_per_node, price)
 
 
 def _assign(codes: np.ndarray, fails: list[tuple[str, np.ndarray]]) -> None:
@@ -111,7 +112,8 @@ def _first_nonzero(a: np.ndarray, limit: int | None) -> np.ndarray:
     """Positions of the first ``limit`` non-zero entries (all when None), scanning only as far as needed."""
     if limit is None:
         return np.flatnonzero(a)
-    found, start, step = [], 0, max(4 * limit, 1024)
+    found: list[np.ndarray] = []
+    start, step = 0, max(4 * limit, 1024)
     while start < len(a) and sum(map(len, found)) < limit:
         found.append(np.flatnonzero(a[start:start + step]) + start)
         start, step = start + step, step * 4
@@ -219,7 +221,8 @@ def screen(book: OfferBook, spec: JobSpec) -> Screen:
         rows = book.groups.rows(which)
 
         def col(name: str) -> np.ndarray:
-            return book[name][rows]
+            picked: np.ndarray = book[name][rows]
+            return picked
 
     nodes = spec.nodes
     fails: list[tuple[str, np.ndarray]] = []

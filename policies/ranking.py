@@ -12,6 +12,7 @@ only the options shown and the rejections written out become objects.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 
@@ -155,7 +156,7 @@ def quote(
     })
 
 
-def _options(book: OfferBook, rows: np.ndarray, nodes: int, gpn: int, **figures: np.ndarray) -> list[dict]:
+def _options(book: OfferBook, rows: np.ndarray, nodes: int, gpn: int, **figures: np.ndarray) -> list[dict[str, Any]]:
     """The options shown, as data for QuoteOption: only these rows become objects."""
     c = book.cols
     f = {k: v.tolist() for k, v in figures.items()}

@@ -38,7 +38,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -111,7 +111,8 @@ def resample(series: Sequence[bool] | np.ndarray, ticks: int) -> np.ndarray:
     usable = len(arr) // ticks * ticks
     if usable == 0:
         return np.zeros(0, dtype=bool)
-    return arr[len(arr) - usable:].reshape(-1, ticks).all(axis=1)
+    # all() over an axis of a 2-D array is an array (numpy's stubs also allow a scalar)
+    return cast(np.ndarray, arr[len(arr) - usable:].reshape(-1, ticks).all(axis=1))
 
 
 def availability_model(series: Sequence[bool] | np.ndarray, gap_seconds: float, *,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
 import typer
 
@@ -49,7 +50,12 @@ COMMANDS = (
 commands(*COMMANDS)
 
 
-def _click_exceptions() -> tuple[tuple[type, ...], tuple[type, ...], tuple[type, ...], tuple[type, ...]]:
+# Exception classes of whichever click copies are installed, found at run time: typed by what is
+# read from them (exit_code, format_message), not by one module's classes.
+_Classes = tuple[Any, ...]
+
+
+def _click_exceptions() -> tuple[_Classes, _Classes, _Classes, _Classes]:
     """(Exit, UsageError, ClickException, Abort) classes: newer typer vendors its own click."""
     mods = []
     try:

@@ -108,24 +108,26 @@ def write_png(
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)
+    # The x values are datetimes, which matplotlib takes through its units machinery (a date axis with
+    # its own locator); its type stubs know only floats there (matplotlib issue #25676), hence the
+    # arg-type ignores below. Converting to floats (date2num) would lose the date locator.
     top = 0.0
     marked = False
     try:
         for one in _chart_series(series):
             xs, ys = _steps(one, now)
-            (line,) = ax.plot(xs, ys, linewidth=1.6, label=series_label(one.key))
+            (line,) = ax.plot(xs, ys, linewidth=1.6, label=series_label(one.key))  # type: ignore[arg-type]
             top = max(top, *ys)
             for sp in spikes.get(one.key, []):
                 ax.axvspan(
-                    sp.start,
-                    sp.end or now,
+                    sp.start, sp.end or now,  # type: ignore[arg-type]
                     color="red",
                     alpha=0.12,
                     linewidth=0,
                     label=None if marked else "price spike",
                 )
                 marked = True
-                ax.plot([sp.start], [sp.peak], marker="^", color="red", markersize=8)
+                ax.plot([sp.start], [sp.peak], marker="^", color="red", markersize=8)  # type: ignore[arg-type]
                 ax.annotate(
                     f"{sp.ratio:.1f}×",
                     (sp.start, sp.peak),
@@ -134,7 +136,7 @@ def write_png(
                     color="red",
                     fontsize=8,
                 )
-            ax.plot([xs[-1]], [ys[-1]], marker="o", color=line.get_color(), markersize=3)
+            ax.plot([xs[-1]], [ys[-1]], marker="o", color=line.get_color(), markersize=3)  # type: ignore[arg-type]
         ax.set_title(title)
         ax.set_ylabel("USD per hour")
         ax.set_xlabel("time (UTC)")

@@ -39,7 +39,7 @@ import numpy as np
 
 from broker.config import OwnedCost
 from broker.errors import SpecError
-from broker.models import CostBreakdown, Fabric, JobSpec, Market, QuoteOption
+from broker.models import CostBreakdown, Fabric, JobSpec, Market, QuoteOption, Workload
 from broker.simulate.traces import Pod, SpotTrace
 from policies.book import OfferBook
 from policies.placement import candidates, decide, rebalance
@@ -142,7 +142,7 @@ def cloud_rates(gpu: str, gpus: int, interruptible: bool) -> dict[Market, QuoteO
     """The broker's ranking for one hour of a job of this shape: the best option per cloud market."""
     best: dict[Market, QuoteOption] = {}
     for market in (Market.on_demand, Market.spot) if interruptible else (Market.on_demand,):
-        spec = JobSpec(name="cluster-job", gpu=[gpu], gpus=gpus, workload={"hours": 1.0}, markets=[market],
+        spec = JobSpec(name="cluster-job", gpu=[gpu], gpus=gpus, workload=Workload(hours=1.0), markets=[market],
                        interruptible=interruptible)
         q = quote(catalog_book(), spec, now=EPOCH, top=1)
         if q.options:
@@ -366,7 +366,7 @@ class Cluster:
 
     # ------------------------------------------------------------------ decisions
     def spec_options(self, job: SimJob, now: float, with_onprem: bool = False) -> tuple[JobSpec, list[QuoteOption]]:
-        spec = JobSpec(name=f"job-{job.id}", gpu=[self.cfg.gpu], gpus=job.gpus, workload={"hours": job.duration},
+        spec = JobSpec(name=f"job-{job.id}", gpu=[self.cfg.gpu], gpus=job.gpus, workload=Workload(hours=job.duration),
                        interruptible=job.interruptible, checkpoint_minutes=1e-6)
         left = job.duration - job.done
         rates = cloud_rates(self.cfg.gpu, job.gpus, job.interruptible)

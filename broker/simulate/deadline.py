@@ -24,12 +24,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import IntEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import numpy as np
 
 from broker.errors import SpecError
-from broker.models import Fabric, JobSpec, Market, QuoteOption
+from broker.models import Fabric, JobSpec, Market, QuoteOption, Workload
 from broker.simulate.traces import SpotTrace
 from policies.placement import candidates, decide, rebalance
 from policies.risk import DEFAULT_PREEMPTIONS_PER_HOUR, trace_preemption_rate
@@ -304,7 +304,7 @@ CHECKPOINT_MINUTES = 1e-6  # the model keeps all progress at a preemption: the c
 
 
 def _sim_spec(job: JobSeconds) -> JobSpec:
-    return JobSpec(name="simulated", gpu=["V100-16GB"], gpus=1, workload={"hours": job.work / 3600.0},
+    return JobSpec(name="simulated", gpu=["V100-16GB"], gpus=1, workload=Workload(hours=job.work / 3600.0),
                    interruptible=True, checkpoint_minutes=CHECKPOINT_MINUTES)
 
 
@@ -329,6 +329,17 @@ def _launch(cands: list[QuoteOption], available: bool) -> Mode:
         if o.market in (Market.on_demand, Market.reserved):
             return Mode.on_demand
     return Mode.idle  # every try failed: the job stays pending until the next pass
+
+
+class _Situation(TypedDict):
+    """The arguments decide() and rebalance() share: where the job stands at this step."""
+
+    now: datetime
+    deadline: datetime | None
+    done_hours: float
+    spot_market: SpotMarket | None
+    restart_minutes: float
+    decision_interval_hours: float
 
 
 class Lockstep:
@@ -379,8 +390,8 @@ class Lockstep:
             return Mode.spot
         now = EPOCH + timedelta(seconds=step.elapsed)
         deadline = EPOCH + timedelta(seconds=self.job.deadline)
-        common = dict(now=now, deadline=deadline, done_hours=step.done / 3600.0, spot_market=market,
-                      restart_minutes=self.restart_minutes, decision_interval_hours=self.gap / 3600.0)
+        common = _Situation(now=now, deadline=deadline, done_hours=step.done / 3600.0, spot_market=market,
+                            restart_minutes=self.restart_minutes, decision_interval_hours=self.gap / 3600.0)
         if step.mode is Mode.on_demand:
             move = rebalance(self.spec, self.options, **common)
             return Mode.spot if move.allow_spot and step.available else Mode.on_demand

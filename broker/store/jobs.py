@@ -402,7 +402,8 @@ class JobStore(Database):
         """For metrics: jobs by state, placements made (transitions to provisioning), and
         allocations as (provider, state, count) rows."""
         with self._tx(write=False) as conn:
-            by_state = dict(conn.execute(sa.select(JOBS.c.state, sa.func.count()).group_by(JOBS.c.state)).all())
+            by_state: dict[str, int] = dict(
+                conn.execute(sa.select(JOBS.c.state, sa.func.count()).group_by(JOBS.c.state)).all())
             placements = conn.execute(
                 sa.select(sa.func.count()).select_from(EVENTS).where(EVENTS.c.to_state == JobState.provisioning.value)
             ).scalar_one()

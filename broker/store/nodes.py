@@ -27,7 +27,9 @@ class NodeStore(Database):
                     body=b.model_dump(mode="json"),
                 )
             )
-            return int(res.inserted_primary_key[0])
+            key = res.inserted_primary_key
+            assert key is not None  # a one-row insert always has its new id
+            return int(key[0])
 
     def benchmarks(
         self, provider: str | None = None, target: str | None = None, latest_only: bool = True

@@ -16,7 +16,7 @@ it is not stored again, so a price is valid until the next point of its series.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 
 from broker.errors import NotFoundError, StoreError
 from broker.gpus import FAMILIES, GPU_SPECS
-from broker.models import Market, PriceFilter, PricePoint, PriceSeries, PriceSeriesKey
+from broker.models import Market, PriceFilter, PricePoint, PriceSeries, PriceSeriesKey, SeriesKey
 from broker.store.engine import Database
 from broker.tables import PricePointRow, PriceSeriesRow, SpikeAlertRow, table_of
 
@@ -83,7 +83,7 @@ class PriceStore(Database):
         """
         if not points:
             return 0
-        by_series: dict[tuple[str, ...], list[PricePoint]] = {}
+        by_series: dict[SeriesKey, list[PricePoint]] = {}
         for p in points:
             market = _MARKET_VALUES.get(p.market) or Market(p.market).value
             key = (p.provider, market, p.sku, p.region, p.zone, p.stat)
@@ -163,8 +163,9 @@ class PriceStore(Database):
         if self.is_sqlite:
             conn.exec_driver_sql(_SQLITE_POINT_INSERT, rows)
         else:
-            driver = conn.connection.driver_connection
-            with driver.cursor() as cur, cur.copy(_PG_POINT_COPY) as copy:  # type: ignore[union-attr]
+            driver = conn.connection.driver_connection  # psycopg's connection; None only once closed
+            assert driver is not None
+            with driver.cursor() as cur, cur.copy(_PG_POINT_COPY) as copy:
                 for r in rows:
                     copy.write_row(r)
         return len(rows)
@@ -217,7 +218,7 @@ class PriceStore(Database):
         until: datetime | None,
         order: tuple[Any, ...],
         limit: int | None = None,
-    ) -> list[Any]:
+    ) -> Sequence[Any]:
         """(series_id, at_us, usd_per_hour, count) rows of the given series (ids, a subquery of ids,
         or None: all) in a window."""
         q = sa.select(POINTS.c.series_id, POINTS.c.at_us, POINTS.c.usd_per_hour, POINTS.c.count)
@@ -232,7 +233,7 @@ class PriceStore(Database):
             q = q.limit(limit)
         return conn.execute(q).all()  # fetchall: row-by-row fetchone cost more than the query
 
-    def _read(self, f: PriceFilter, order: tuple[Any, ...]) -> tuple[dict[int, Any], list[Any]]:
+    def _read(self, f: PriceFilter, order: tuple[Any, ...]) -> tuple[dict[int, Any], Sequence[Any]]:
         """Matching series (rows by id) and their points (the newest ``f.limit`` when set), in one
         read transaction.
 
@@ -281,7 +282,7 @@ class PriceStore(Database):
             series, rows = self._read(f, (POINTS.c.series_id, POINTS.c.at_us))
         else:  # the newest points, then back in series order
             series, rows = self._read(f, (POINTS.c.at_us.desc(), POINTS.c.series_id.desc()))
-            rows.sort(key=lambda r: (r[0], r[1]))
+            rows = sorted(rows, key=lambda r: (r[0], r[1]))
         out: list[PriceSeries] = []
         for sid, group in _runs(rows):
             out.append(
@@ -339,7 +340,9 @@ class PriceStore(Database):
                     baseline=baseline,
                 )
             )
-            return int(res.inserted_primary_key[0])
+            key = res.inserted_primary_key
+            assert key is not None  # a one-row insert always has its new id
+            return int(key[0])
 
     def update_alert(self, alert_id: int, *, peak: float | None = None, end: datetime | None = None) -> None:
         """Raise an alert's peak (never lowers it) and/or close it at ``end``."""
@@ -386,7 +389,7 @@ def _key_fields(row: Any) -> dict[str, Any]:
     return dict(PriceSeriesKey.model_validate(row, from_attributes=True))
 
 
-def _runs(rows: list[Any]) -> Iterator[tuple[int, list[Any]]]:
+def _runs(rows: Sequence[Any]) -> Iterator[tuple[int, Sequence[Any]]]:
     """Consecutive rows with the same series id (rows come ordered by series)."""
     start = 0
     for i in range(1, len(rows) + 1):

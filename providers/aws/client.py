@@ -1,29 +1,34 @@
-"""EC2 through aiobotocore: one cached client per region, every call's errors mapped and retried.
+"""EC2 and S3 through aiobotocore: one cached client per region, every call's errors mapped and retried.
 
 Credentials come from the standard AWS chain (env, profile, instance role) and
 are never logged. Botocore's own retries are off: errors reach the mapping in
 :mod:`providers.aws.errors`, and TransientError is retried by the shared policy
-(:mod:`providers.retry`).
+(:mod:`providers.retry`). S3 carries the run-time contract (:mod:`providers.aws.runtime`):
+the bucket named by ``aws.runtime_bucket``, in ``aws.runtime_region``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, Literal, TypeVar
 
+from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
-from botocore.config import Config as BotoConfig
 
 from broker.config import AwsConfig
+from broker.errors import ProviderError
 from providers.aws.errors import map_error
 from providers.retry import retrying, with_retries
 
 log = logging.getLogger(__name__)
 
 CHUNK = 100  # filter values per request
+T = TypeVar("T")
+# What S3 answers for an object that is not there (GetObject: NoSuchKey; HeadObject: a bare 404).
+MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 
 
 def chunks(items: list[str], size: int = CHUNK) -> Iterable[list[str]]:
@@ -31,60 +36,82 @@ def chunks(items: list[str], size: int = CHUNK) -> Iterable[list[str]]:
         yield items[i : i + size]
 
 
-class Ec2Client:
-    """EC2 in every configured region, for one adapter (``provider`` names it in errors)."""
+class _Service:
+    """One AWS service in any region, for one adapter (``provider`` names it in errors)."""
 
-    def __init__(self, config: AwsConfig, *, provider: str = "aws", session: AioSession | None = None) -> None:
+    service: Literal["ec2", "s3"]
+
+    def __init__(self, config: AwsConfig, *, provider: str = "aws", session: AioSession | None = None,
+                 endpoint_url: str | None = None, boto: dict[str, Any] | None = None) -> None:
         self.config = config
         self.provider = provider
         # AioSession(profile=None) resolves env → shared files → container/instance role.
         self._session = session or AioSession(profile=config.profile)
+        self._endpoint_url = endpoint_url
+        self._boto = boto or {}
         self._stack = AsyncExitStack()
         self._clients: dict[str, Any] = {}
         self._lock = asyncio.Lock()
 
     async def client(self, region: str) -> Any:
-        """The (cached) EC2 client of a region."""
+        """The (cached) client of a region."""
         async with self._lock:
-            ec2 = self._clients.get(region)
-            if ec2 is None:
-                cfg = BotoConfig(
+            client = self._clients.get(region)
+            if client is None:
+                cfg = AioConfig(
                     retries={"total_max_attempts": 1, "mode": "standard"},  # our retries, after mapping
                     connect_timeout=5,
                     read_timeout=max(5.0, self.config.region_timeout_s),
                     user_agent_extra="lockstep",
+                    **self._boto,
                 )
-                ec2 = await self._stack.enter_async_context(
+                client = await self._stack.enter_async_context(
                     self._session.create_client(
-                        "ec2", region_name=region, endpoint_url=self.config.endpoint_url, config=cfg
+                        self.service, region_name=region, endpoint_url=self._endpoint_url, config=cfg
                     )
                 )
-                self._clients[region] = ec2
-            return ec2
+                self._clients[region] = client
+            return client
 
     async def aclose(self) -> None:
         self._clients.clear()
         await self._stack.aclose()
         self._stack = AsyncExitStack()
 
-    async def request(self, region: str, method: str, **params: Any) -> dict[str, Any]:
-        """One EC2 call in ``region`` (``method`` as in botocore: 'run_instances'), errors mapped, retried."""
-        ec2 = await self.client(region)
-        operation = f"{ec2.meta.method_to_api_mapping.get(method, method)} in {region}"
-        call = getattr(ec2, method)  # botocore builds its operations at run time
+    async def call(self, region: str, method: str, use: Callable[[Any], Awaitable[T]]) -> T:
+        """``use(client)`` in ``region``, its errors mapped (``method`` names the operation), retried."""
+        client = await self.client(region)
+        operation = f"{client.meta.method_to_api_mapping.get(method, method)} in {region}"
 
-        async def once() -> dict[str, Any]:
+        async def once() -> T:
             try:
-                result: dict[str, Any] = await call(**params)
+                return await use(client)
             except Exception as exc:
                 mapped = map_error(exc, self.provider, operation)
                 if mapped is not exc:
                     log.debug("%s: %s (%s)", self.provider, mapped, type(exc).__name__)
                     raise mapped from exc
                 raise
-            return result
 
         return await with_retries(once, retrying(self.config.max_attempts))
+
+    async def request(self, region: str, method: str, **params: Any) -> dict[str, Any]:
+        """One call in ``region`` (``method`` as in botocore: 'run_instances'), errors mapped, retried."""
+
+        async def use(client: Any) -> dict[str, Any]:
+            result: dict[str, Any] = await getattr(client, method)(**params)  # botocore builds them at run time
+            return result
+
+        return await self.call(region, method, use)
+
+
+class Ec2Client(_Service):
+    """EC2 in every configured region."""
+
+    service = "ec2"
+
+    def __init__(self, config: AwsConfig, *, provider: str = "aws", session: AioSession | None = None) -> None:
+        super().__init__(config, provider=provider, session=session, endpoint_url=config.endpoint_url)
 
     async def paginate(self, region: str, method: str, key: str, **params: Any) -> list[dict[str, Any]]:
         """All items of a NextToken-paginated call (each page retried on its own)."""
@@ -101,3 +128,66 @@ class Ec2Client:
         """DescribeInstances, flattened over reservations."""
         reservations = await self.paginate(region, "describe_instances", "Reservations", Filters=filters)
         return [i for r in reservations for i in r.get("Instances") or []]
+
+
+def is_missing(exc: ProviderError) -> bool:
+    return exc.code in MISSING_CODES
+
+
+class S3Client(_Service):
+    """The run-time bucket (``aws.runtime_bucket``) in its region; other buckets only to presign a data input."""
+
+    service = "s3"
+
+    def __init__(self, config: AwsConfig, *, provider: str = "aws", session: AioSession | None = None) -> None:
+        assert config.runtime_bucket, "an S3 client is made only when aws.runtime_bucket is set"
+        # SigV4 always: presigned URLs must carry the bucket's region (SigV2 is gone in new regions).
+        super().__init__(config, provider=provider, session=session, endpoint_url=config.s3_endpoint_url,
+                         boto={"signature_version": "s3v4"})
+        self.bucket = config.runtime_bucket
+        self.region = config.runtime_region or config.regions[0]
+
+    async def put(self, key: str, body: bytes, content_type: str) -> None:
+        await self.request(self.region, "put_object", Bucket=self.bucket, Key=key, Body=body, ContentType=content_type)
+
+    async def get(self, key: str) -> bytes | None:
+        """The object's bytes; None when there is no such object."""
+
+        async def use(s3: Any) -> bytes:
+            resp = await s3.get_object(Bucket=self.bucket, Key=key)
+            async with resp["Body"] as stream:
+                data: bytes = await stream.read()
+            return data
+
+        try:
+            return await self.call(self.region, "get_object", use)
+        except ProviderError as exc:
+            if is_missing(exc):
+                return None
+            raise
+
+    async def delete(self, key: str) -> None:
+        """Delete an object (deleting what is not there is not an error in S3)."""
+        await self.request(self.region, "delete_object", Bucket=self.bucket, Key=key)
+
+    async def exists(self, bucket: str, key: str) -> bool:
+        """Is ``s3://bucket/key`` an object this broker may read? (HeadObject; False when absent.)"""
+        try:
+            await self.request(self.region, "head_object", Bucket=bucket, Key=key)
+        except ProviderError as exc:
+            if is_missing(exc):
+                return False
+            raise
+        return True
+
+    async def presign(self, method: str, key: str, expires_s: float, *, bucket: str | None = None) -> str:
+        """A URL granting one ``method`` ('get_object', 'put_object') on one object for ``expires_s`` seconds.
+
+        Signed locally with the broker's credentials: no request is made. With temporary credentials
+        (a role) the URL stops working when they expire, whatever ``expires_s`` says.
+        """
+        s3 = await self.client(self.region)
+        url: str = await s3.generate_presigned_url(
+            method, Params={"Bucket": bucket or self.bucket, "Key": key}, ExpiresIn=int(expires_s)
+        )
+        return url

@@ -11,12 +11,16 @@
   ClientToken is not honoured, as in moto).
 - multi-node jobs get a cluster placement group named from the job, deleted on
   release (or by ``sweep_placement_groups`` once its instances are gone).
+- at run time (with ``aws.runtime_bucket``): each attempt's wrapper and manifest go to
+  S3 and the user data fetches them; ``peers.json`` is published after RunInstances;
+  poll reads the nodes' statuses, so a command's end ends its job (:mod:`.runtime`).
 
-Transport (clients, error mapping, retries) is :mod:`.client`; request bodies
-:mod:`.requests`; types and offers :mod:`.instance_types` and :mod:`.offers`; the
-spot-price history the tracker reads :mod:`.prices`.
+Transport (EC2 and S3 clients, error mapping, retries) is :mod:`.client`; request
+bodies and user data :mod:`.requests`; the run-time files :mod:`.runtime`; types and
+offers :mod:`.instance_types` and :mod:`.offers`; the spot-price history the tracker
+reads :mod:`.prices`.
 
-Capabilities: launches; has spot-price history.
+Capabilities: launches; has job logs; has spot-price history.
 """
 
 from __future__ import annotations
@@ -33,8 +37,17 @@ from aiobotocore.session import AioSession
 
 from broker.config import AwsConfig
 from broker.errors import BadRequestError, ProviderError
-from broker.models import Allocation, AllocationState, AllocationStatus, Market, Offer, PricePoint
-from providers.aws.client import Ec2Client, chunks
+from broker.models import (
+    Allocation,
+    AllocationState,
+    AllocationStatus,
+    ExitReason,
+    JobExit,
+    Market,
+    Offer,
+    PricePoint,
+)
+from providers.aws.client import Ec2Client, S3Client, chunks
 from providers.aws.instance_types import GPU_TYPE_PATTERNS, GpuType, latest_spot_prices, parse_instance_type
 from providers.aws.offers import offer_id, query_accepts, zone_offers
 from providers.aws.prices import spot_price_history
@@ -47,18 +60,26 @@ from providers.aws.requests import (
     PROVIDER_TAG,
     RELEASED_TAG,
     RESERVATION_TAG,
+    RUNTIME_TAG,
     create_placement_group_request,
     launch_tags,
     placement_group_name,
     run_instances_request,
+    user_data,
+    wants_efa,
 )
+from providers.aws.runtime import RUNTIME_ATTR, RunFiles, launch_order, missing_runtime
 from providers.base import JOB_TAG, OWNER_TAG, LaunchRequest, OfferQuery
-from providers.capabilities import HasSpotPriceHistory, Launches
+from providers.capabilities import HasJobLogs, HasSpotPriceHistory
 from providers.catalog.client import aws_on_demand_price
+from providers.runtime.logs import job_exit
 
 log = logging.getLogger(__name__)
 
 _GONE_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
+# EC2's state reason when the instance's own OS shut it down: on a job's instance, its wrapper (or its boot
+# script) did, so the job ended there; it is no preemption even when no status reached the bucket.
+SELF_SHUTDOWN = "Client.InstanceInitiatedShutdown"
 
 
 @dataclass
@@ -77,7 +98,7 @@ def _tags(instance: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in instance.get("Tags") or []}
 
 
-class AwsProvider(Launches, HasSpotPriceHistory):
+class AwsProvider(HasJobLogs, HasSpotPriceHistory):
     """EC2 spot and on-demand capacity (see module docstring)."""
 
     name = "aws"
@@ -88,6 +109,14 @@ class AwsProvider(Launches, HasSpotPriceHistory):
         self.config = config
         self.installation = installation
         self.ec2 = Ec2Client(config, provider=self.name, session=session)
+        # The run-time contract's bucket (docs/aws.md); None: jobs run as a bare `docker run` (no logs, no exit).
+        self.runs = (RunFiles(config, installation, S3Client(config, provider=self.name, session=session))
+                     if config.runtime_bucket else None)
+        self._peers_published: set[str] = set()  # allocations whose peer list this process has written
+        if self.runs is None and config.enabled:
+            log.warning("aws: aws.runtime_bucket is not set: jobs on EC2 run without logs or exit status (a "
+                        "finished instance runs on until cancelled or max_duration), and jobs with env, secrets, "
+                        "files or data are refused (docs/aws.md)")
         self._types: dict[str, dict[str, GpuType]] = {}
         self._released: set[str] = set()
         self._pending_groups: dict[str, str] = {}  # placement group → region, deletion deferred
@@ -98,6 +127,8 @@ class AwsProvider(Launches, HasSpotPriceHistory):
 
     async def aclose(self) -> None:
         await self.ec2.aclose()
+        if self.runs is not None:
+            await self.runs.s3.aclose()
 
     # ------------------------------------------------------------------ offers
 
@@ -251,7 +282,13 @@ class AwsProvider(Launches, HasSpotPriceHistory):
         existing = await self.find_by_token(region, token)
         if existing:
             log.info("aws: %s attempt %d already launched (client token match)", req.job_id, req.attempt)
-            return self._allocation(req.job_id, req.attempt, provider, region, existing, offer=offer)
+            alloc = self._allocation(req.job_id, req.attempt, provider, region, existing, offer=offer)
+            await self._publish_peers(alloc, existing, again=True)  # a crash may have come before it was written
+            return alloc
+        if self.runs is None and (needs := missing_runtime(req.run_request())):
+            raise BadRequestError(
+                provider, f"the job's {', '.join(needs)} need aws.runtime_bucket: the S3 bucket the run-time "
+                "contract goes through (docs/aws.md)", "NoRuntimeBucket")
         gpu_type = (await self.gpu_types(region)).get(offer.sku)
         group: str | None = None
         if (
@@ -270,6 +307,9 @@ class AwsProvider(Launches, HasSpotPriceHistory):
                 capacity_reservation_id=None,
             )
             await self.ensure_placement_group(region, group, tags)
+        where = self.runs.location(req.job_id, req.attempt) if self.runs is not None else None
+        script: str | None = (await self.runs.stage(req, efa=wants_efa(req, gpu_type)) if self.runs is not None
+                              else user_data(req))
         params = run_instances_request(
             req,
             config=self.config,
@@ -279,6 +319,8 @@ class AwsProvider(Launches, HasSpotPriceHistory):
             placement_group=group,
             capacity_reservation_id=capacity_reservation_id,
             shared_group=shared_group,
+            script=script,
+            runtime_uri=where.uri if where else "",
         )
         try:
             resp = await self.ec2.request(region, "run_instances", **params)
@@ -288,9 +330,27 @@ class AwsProvider(Launches, HasSpotPriceHistory):
                     await self.delete_placement_group(region, group)
                 except ProviderError as cleanup:
                     log.warning("aws: placement group %s not removed after a failed launch: %s", group, cleanup)
+            if self.runs is not None and where is not None:
+                await self.runs.forget(where)  # a manifest nobody will read still holds the secrets
             raise
         instances = resp.get("Instances") or []
-        return self._allocation(req.job_id, req.attempt, provider, region, instances, offer=offer)
+        alloc = self._allocation(req.job_id, req.attempt, provider, region, instances, offer=offer)
+        if where is not None:
+            alloc.attrs[RUNTIME_ATTR] = where.uri
+        await self._publish_peers(alloc, instances)
+        return alloc
+
+    async def _publish_peers(self, alloc: Allocation, instances: list[dict[str, Any]], *, again: bool = False) -> None:
+        """Write the attempt's ``peers.json``: at launch, again when a launch is adopted (``again``), and at the
+        first poll in each process (after a restart). Idempotent, and never fatal to a launch: the next poll
+        tries again."""
+        if self.runs is None or alloc.nodes < 2 or (alloc.id in self._peers_published and not again):
+            return
+        try:
+            if await self.runs.publish_peers(self.runs.location_of(alloc), instances):
+                self._peers_published.add(alloc.id)
+        except ProviderError as exc:
+            log.warning("aws: peer list of %s not written yet: %s", alloc.id, exc)
 
     def _allocation(
         self,
@@ -302,6 +362,7 @@ class AwsProvider(Launches, HasSpotPriceHistory):
         *,
         offer: Offer | None = None,
     ) -> Allocation:
+        instances = sorted(instances, key=launch_order)  # resource_ids in rank order
         first = instances[0] if instances else {}
         tags = _tags(first)
         zone = (first.get("Placement") or {}).get("AvailabilityZone", offer.zone if offer else "")
@@ -315,6 +376,8 @@ class AwsProvider(Launches, HasSpotPriceHistory):
         attrs = {"instance_type": sku, "market": market, "placement_group": group}
         if tags.get(RESERVATION_TAG):
             attrs["capacity_reservation_id"] = tags[RESERVATION_TAG]
+        if tags.get(RUNTIME_TAG):
+            attrs[RUNTIME_ATTR] = tags[RUNTIME_TAG]
         return Allocation(
             id=token or f"{provider}-{job_id}-{attempt}",
             job_id=job_id,
@@ -334,6 +397,11 @@ class AwsProvider(Launches, HasSpotPriceHistory):
     # ------------------------------------------------------------------ poll / release / owned
 
     async def poll(self, alloc: Allocation) -> AllocationStatus:
+        """What became of the attempt: its instances' states and, with the run-time contract, its nodes'
+        statuses. A command that ended ends the attempt (succeeded/failed with its ``exit``) whether its
+        instances still run, shut down or are gone; instances stopped or terminated under the job without
+        Lockstep releasing them are a preemption (the job is requeued), except an instance that shut itself
+        down (its wrapper or its boot script did: the job failed)."""
         ids = list(alloc.resource_ids)
         if not ids:
             return AllocationStatus(state=AllocationState.unknown, reason="allocation has no instances")
@@ -347,26 +415,70 @@ class AwsProvider(Launches, HasSpotPriceHistory):
             released = released or any(_tags(found[i]).get(RELEASED_TAG) for i in gone if i in found)
             if released:
                 return AllocationStatus(state=AllocationState.released, reason="released by Lockstep")
-            reasons = sorted(
-                {(found[i].get("StateReason") or {}).get("Code", "") for i in gone if i in found} - {""}
-            )
-            why = ", ".join(reasons) or "instance gone"
-            spot = alloc.attrs.get("market") == Market.spot.value or any(
-                found[i].get("InstanceLifecycle") == "spot" for i in gone if i in found
-            )
-            if spot or any(r.startswith("Server.SpotInstance") for r in reasons):
-                return AllocationStatus(
-                    state=AllocationState.preempted,
-                    reason=f"spot instance(s) {', '.join(gone)} ended, not released by Lockstep ({why})",
-                )
-            return AllocationStatus(
-                state=AllocationState.failed, reason=f"instance(s) {', '.join(gone)} ended ({why})"
-            )
-        states = {found[i]["State"]["Name"] for i in ids}
-        hosts = [found[i].get("PrivateIpAddress") or found[i].get("PrivateDnsName") or i for i in ids]
+        hosts = [found[i].get("PrivateIpAddress") or found[i].get("PrivateDnsName") or i if i in found else i
+                 for i in ids]
+        statuses = await self._statuses(alloc, found, gone)
+        ended = job_exit(statuses, len(ids))
+        if ended is not None:
+            if ended.reason is ExitReason.signal:  # its machine was going down under it: not the job's doing
+                return AllocationStatus(state=AllocationState.preempted, hosts=hosts, reason=(
+                    f"node {ended.rank}'s command was stopped by a signal as its instance went down "
+                    f"({self._why_gone(found, gone) or 'instance stopping'})"))
+            state = AllocationState.succeeded if ended.succeeded else AllocationState.failed
+            return AllocationStatus(state=state, reason=ended.describe(), hosts=hosts, exit=ended)
+        # A node whose status came in may have shut itself down already; the others are what matters.
+        lost = [i for rank, i in enumerate(ids) if i in gone and rank not in statuses]
+        if lost:
+            return self._lost(alloc, found, lost)
+        states = {found[i]["State"]["Name"] for i in ids if i not in gone}
         if states == {"running"}:
             return AllocationStatus(state=AllocationState.running, hosts=hosts)
         return AllocationStatus(state=AllocationState.pending, reason="starting", hosts=hosts)
+
+    async def _statuses(self, alloc: Allocation, found: dict[str, dict[str, Any]],
+                        gone: list[str]) -> dict[int, JobExit]:
+        """The nodes' statuses so far ({} without the run-time contract). When the bucket cannot be read,
+        an attempt whose instances all run is judged by EC2 alone; one with an instance gone is not judged
+        now (it may have ended, not been preempted): the poll fails and the next one looks again."""
+        if self.runs is None:
+            return {}
+        live = [found[i] for i in alloc.resource_ids if i in found and i not in gone]
+        if len(live) == len(alloc.resource_ids):
+            await self._publish_peers(alloc, live)
+        try:
+            return await self.runs.statuses(self.runs.location_of(alloc), len(alloc.resource_ids))
+        except ProviderError as exc:
+            if gone:
+                raise
+            log.warning("aws: statuses of %s unreadable this poll: %s", alloc.id, exc)
+            return {}
+
+    @staticmethod
+    def _why_gone(found: dict[str, dict[str, Any]], gone: list[str]) -> str:
+        """EC2's state-reason codes of the instances gone, e.g. 'Server.SpotInstanceTermination'."""
+        return ", ".join(sorted({(found[i].get("StateReason") or {}).get("Code", "") for i in gone if i in found}
+                                - {""}))
+
+    def _lost(self, alloc: Allocation, found: dict[str, dict[str, Any]], lost: list[str]) -> AllocationStatus:
+        """Instances stopped or terminated under a running attempt, with no status from them."""
+        why = self._why_gone(found, lost) or "instance gone"
+        names = ", ".join(f"{i} ({found[i]['State']['Name'] if i in found else 'gone'})" for i in lost)
+        if why == SELF_SHUTDOWN:
+            return AllocationStatus(state=AllocationState.failed, reason=(
+                f"instance(s) {names} shut themselves down and no exit status reached the bucket: the boot "
+                "script could not start the wrapper, or the status upload failed (see the console output)"))
+        spot = alloc.attrs.get("market") == Market.spot.value or any(
+            found[i].get("InstanceLifecycle") == "spot" for i in lost if i in found)
+        kind = "spot instance(s)" if spot else "instance(s)"
+        return AllocationStatus(state=AllocationState.preempted,
+                                reason=f"{kind} {names} ended, not released by Lockstep ({why})")
+
+    async def job_log(self, alloc: Allocation, *, rank: int = 0) -> str:
+        """Node ``rank``'s log as its wrapper last shipped it ('' before the first upload, or without the
+        run-time contract)."""
+        if self.runs is None:
+            return ""
+        return await self.runs.log(self.runs.location_of(alloc), rank)
 
     async def release(self, alloc: Allocation) -> None:
         """Terminate the instances (idempotent) and delete the job's placement group."""
@@ -390,6 +502,8 @@ class AwsProvider(Launches, HasSpotPriceHistory):
         if group:
             await self.delete_placement_group(region, group)
         await self.sweep_placement_groups()
+        if self.runs is not None:
+            await self.runs.forget(self.runs.location_of(alloc))
 
     async def owned(self) -> list[Allocation]:
         return await self.owned_as(self.name)

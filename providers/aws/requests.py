@@ -24,6 +24,7 @@ MARKET_TAG = "lockstep:market"
 PLACEMENT_TAG = "lockstep:placement-group"
 RESERVATION_TAG = "lockstep:capacity-reservation"
 RELEASED_TAG = "lockstep:released"  # set just before Lockstep terminates: tells release from preemption
+RUNTIME_TAG = "lockstep:runtime"  # the attempt's run-time folder (s3://bucket/prefix/), when it has one
 
 # States in which an instance still exists (and may cost money).
 LIVE_STATES: tuple[str, ...] = ("pending", "running", "stopping", "stopped")
@@ -47,6 +48,7 @@ def launch_tags(
     market: Market,
     placement_group: str | None,
     capacity_reservation_id: str | None,
+    runtime_uri: str = "",
 ) -> dict[str, str]:
     tags = {
         "Name": f"lockstep-{req.job_id}"[:255],
@@ -62,6 +64,8 @@ def launch_tags(
         tags[PLACEMENT_TAG] = placement_group
     if capacity_reservation_id:
         tags[RESERVATION_TAG] = capacity_reservation_id
+    if runtime_uri and len(runtime_uri) <= 256:  # EC2's limit on a tag value; without it, the configured place
+        tags[RUNTIME_TAG] = runtime_uri
     return tags
 
 
@@ -98,11 +102,15 @@ def run_instances_request(
     placement_group: str | None = None,
     capacity_reservation_id: str | None = None,
     shared_group: str | None = None,
+    script: str | None = None,
+    runtime_uri: str = "",
 ) -> dict[str, Any]:
     """RunInstances parameters for one job attempt: all nodes or none (MinCount = MaxCount).
 
     ``placement_group`` is the job's own group (tagged, deleted on release); ``shared_group`` one
-    that belongs to somebody else (a capacity reservation's), only launched into.
+    that belongs to somebody else (a capacity reservation's), only launched into. ``script``: the
+    user data (:func:`boot_script`, or :func:`user_data` without a run-time bucket); ``runtime_uri``
+    the attempt's run-time folder, tagged on the instances.
     """
     offer = req.offer
     zone = offer.zone
@@ -118,6 +126,7 @@ def run_instances_request(
         market=market,
         placement_group=placement_group,
         capacity_reservation_id=capacity_reservation_id,
+        runtime_uri=runtime_uri,
     )
     placement: dict[str, Any] = {"AvailabilityZone": zone}
     if placement_group or shared_group:
@@ -134,6 +143,8 @@ def run_instances_request(
             {"ResourceType": "volume", "Tags": tag_list(tags)},
         ],
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        # The wrapper shuts the instance down when the command ends: that must end its billing too.
+        "InstanceInitiatedShutdownBehavior": "terminate",
     }
     subnet = config.subnet_ids.get(zone)
     if wants_efa(req, gpu_type):
@@ -149,7 +160,6 @@ def run_instances_request(
             params["SecurityGroupIds"] = list(config.security_group_ids)
     if config.key_name:
         params["KeyName"] = config.key_name
-    script = user_data(req)
     if script:
         params["UserData"] = script  # botocore base64-encodes it for RunInstances
     if market is Market.spot:
@@ -166,8 +176,37 @@ def run_instances_request(
     return params
 
 
+def boot_script(job_id: str, attempt: int, *, wrapper_url: str, manifest_url: str) -> str:
+    """The user data of a job with the run-time contract (docs/aws.md): fetch the wrapper and the manifest
+    through their presigned URLs, run the wrapper (which shuts the instance down when the command ends).
+
+    It holds no secret: the manifest, which has the job's secret values, is read from an open descriptor
+    and never stays on disk. A boot that cannot fetch them shuts the instance down (its console output says
+    why): an idle instance must not keep billing. ``LOCKSTEP_DIR`` moves the working folder (tests).
+    """
+    folder = "/var/lib/lockstep/" + re.sub(r"[^A-Za-z0-9._-]", "-", f"{job_id}-a{attempt}")  # safe in quotes
+    return "\n".join([
+        "#!/bin/bash",
+        f"# Lockstep job {job_id}, attempt {attempt}: the in-job wrapper and its manifest, from S3",
+        "set -u",
+        "umask 077",
+        f'D="${{LOCKSTEP_DIR:-{folder}}}"',
+        'boot_failed() { echo "lockstep-boot: $*" >&2; shutdown -h now; exit 1; }',
+        'fetch() { curl -fsS --retry 10 --retry-delay 3 --retry-connrefused --connect-timeout 10 '
+        '--max-time 300 -o "$1" "$2"; }',
+        'mkdir -p "$D" && cd "$D" || boot_failed "cannot create $D"',
+        'command -v python3 >/dev/null || boot_failed "python3 is not on the image"',
+        f"fetch wrapper.py {shlex.quote(wrapper_url)} || boot_failed \"cannot fetch the wrapper\"",
+        f"fetch manifest.json {shlex.quote(manifest_url)} || boot_failed \"cannot fetch the manifest\"",
+        "# The manifest holds the job's secrets: read from an open descriptor, no copy left on disk.",
+        'exec 3<manifest.json',
+        'rm -f manifest.json',
+        'TMPDIR="$D" exec python3 wrapper.py - <&3 3<&-',
+    ]) + "\n"
+
+
 def user_data(req: LaunchRequest) -> str | None:
-    """The boot script: run the job's image with its command on all the node's GPUs.
+    """The boot script without a run-time bucket: run the job's image with its command on all the node's GPUs.
 
     cloud-init runs it as root on the GPU AMIs (NVIDIA driver + container toolkit).
     The job's id and attempt go in as environment so the workload can resume from

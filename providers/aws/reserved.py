@@ -10,7 +10,7 @@
   become offers at their configured rate and launch as plain on-demand instances
   in their zone.
 
-Launch, poll, release and owned share :class:`providers.aws.provider.AwsProvider`'s code;
+Launch, poll, release, owned and job logs share :class:`providers.aws.provider.AwsProvider`'s code;
 instances are tagged ``lockstep:provider=reserved`` so each adapter reconciles
 only its own.
 """
@@ -28,7 +28,7 @@ from providers.aws.instance_types import GpuType
 from providers.aws.offers import make_offer, query_accepts
 from providers.aws.provider import AwsProvider
 from providers.base import LaunchRequest, OfferQuery
-from providers.capabilities import Launches
+from providers.capabilities import HasJobLogs
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def _group_name(arn: str | None) -> str:
     return arn.rsplit("/", 1)[-1] if arn else ""
 
 
-class ReservedProvider(Launches):
+class ReservedProvider(HasJobLogs):
     """EC2 capacity reservations and operator-configured pools, at marginal cost."""
 
     name = "reserved"
@@ -171,6 +171,9 @@ class ReservedProvider(Launches):
 
     async def owned(self) -> list[Allocation]:
         return await self.aws.owned_as(self.name)
+
+    async def job_log(self, alloc: Allocation, *, rank: int = 0) -> str:
+        return await self.aws.job_log(alloc, rank=rank)
 
     async def aclose(self) -> None:
         if self._owns_aws:

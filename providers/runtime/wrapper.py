@@ -245,7 +245,7 @@ class Log:
         self.secrets = sorted({s for s in secrets if len(s) >= MIN_SECRET_LEN}, key=len, reverse=True)
         self.lock = threading.Lock()
         self.fh = open(self.path, "a", encoding="utf-8")  # closed in close()
-        self.tail = []  # the last lines, for the status
+        self.tail: list[str] = []  # the last lines, for the status
         self.dirty = False
         self.stop = threading.Event()
         self.uploader = threading.Thread(target=self._ship_loop, daemon=True)

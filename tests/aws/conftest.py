@@ -46,8 +46,20 @@ def pick(offers: list[Offer], sku: str, market: Market, zone: str | None = None)
 
 @pytest.fixture
 async def aws(aws_config: AwsConfig, aws_session: AioSession) -> AsyncIterator[AwsProvider]:
-    provider = AwsProvider(aws_config, installation=INSTALLATION, session=aws_session)
-    try:
+    async with AwsProvider(aws_config, installation=INSTALLATION, session=aws_session) as provider:
         yield provider
-    finally:
-        await provider.aclose()
+
+
+@pytest.fixture
+def runtime_config(aws_moto: str) -> AwsConfig:
+    """An AwsConfig at moto with the run-time contract on: its bucket made, the VPC of tests.aws.boot."""
+    from tests.aws.boot import runtime_overrides
+    from tests.plugins.moto import moto_config
+
+    return moto_config(aws_moto, **runtime_overrides(aws_moto))
+
+
+@pytest.fixture
+async def run_aws(runtime_config: AwsConfig, aws_session: AioSession) -> AsyncIterator[AwsProvider]:
+    async with AwsProvider(runtime_config, installation=INSTALLATION, session=aws_session) as provider:
+        yield provider

@@ -74,6 +74,7 @@ async def test_capacity_reservation_becomes_a_reserved_offer_and_launch_targets_
                 "Placement": {"AvailabilityZone": "us-east-1a"},
                 "TagSpecifications": ANY,
                 "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+                "InstanceInitiatedShutdownBehavior": "terminate",
                 "SubnetId": "subnet-0a1b2c3d4e5f60718",
                 "SecurityGroupIds": ["sg-0123456789abcdef0"],
                 "CapacityReservationSpecification": {"CapacityReservationTarget": {"CapacityReservationId": CR}},

@@ -97,6 +97,7 @@ async def test_four_node_efa_job_uses_one_cluster_placement_group(shared_data: P
                     {"ResourceType": "volume", "Tags": tag_list},
                 ],
                 "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+                "InstanceInitiatedShutdownBehavior": "terminate",
                 "NetworkInterfaces": efa,
             },
         )
@@ -157,19 +158,27 @@ async def test_throttling_is_retried_and_quota_is_not(shared_data: Path) -> None
         assert err.value.code == "VcpuLimitExceeded"
 
 
-async def test_spot_termination_reason_is_a_preemption() -> None:
+@pytest.mark.parametrize(("code", "market", "state", "said"), [
+    ("Server.SpotInstanceTermination", "on_demand", "preempted", "Server.SpotInstanceTermination"),
+    # moto gives every termination the same reason, so this one goes through the Stubber: the instance's own
+    # OS shut it down (its wrapper, or a boot script that could not start it) and no status came back.
+    ("Client.InstanceInitiatedShutdown", "spot", "failed", "shut themselves down"),
+])
+async def test_what_the_state_reason_of_an_instance_gone_without_a_status_means(
+    code: str, market: str, state: str, said: str
+) -> None:
     from broker.models import Allocation, AllocationState
 
     alloc = Allocation(id="t", job_id="job-1", provider="aws", region="us-east-1", zone=ZONE,
-                       resource_ids=["i-00000000000000001"], attrs={"market": "on_demand"})
+                       resource_ids=["i-00000000000000001"], attrs={"market": market})
     gone = instance("i-00000000000000001", "p4d.24xlarge", ZONE, {}, "terminated",
-                    StateReason={"Code": "Server.SpotInstanceTermination", "Message": "capacity"})
+                    StateReason={"Code": code, "Message": "gone"})
     gone["State"]["Code"] = 48
     async with stubbed(stub_config()) as (aws, stub):
         stub.add_response("describe_instances", {"Reservations": [{"Instances": [gone]}]},
                           {"Filters": [{"Name": "instance-id", "Values": alloc.resource_ids}]})
         status = await aws.poll(alloc)
-        assert status.state is AllocationState.preempted and "Server.SpotInstanceTermination" in status.reason
+        assert status.state is AllocationState(state) and said in status.reason and status.exit is None
 
 
 async def test_errors_and_repr_carry_no_credentials() -> None:
@@ -182,7 +191,9 @@ async def test_errors_and_repr_carry_no_credentials() -> None:
         assert "AKIDSTUBBED" not in text and "stubbed-secret" not in text and "AuthFailure" in text
 
 
-async def test_on_demand_instance_ended_by_aws_is_a_failure_and_pending_is_pending() -> None:
+async def test_on_demand_instance_ended_by_aws_is_a_preemption_and_pending_is_pending() -> None:
+    # Issue 15: an instance stopped or terminated under a job, not by Lockstep, requeues the job (counted);
+    # a hardware failure is no fault of the job's.
     from broker.models import Allocation, AllocationState
 
     ids = ["i-00000000000000001", "i-00000000000000002"]
@@ -197,4 +208,6 @@ async def test_on_demand_instance_ended_by_aws_is_a_failure_and_pending_is_pendi
         stub.add_response("describe_instances", {"Reservations": [{"Instances": [starting[0], failed]}]}, params)
         assert (await aws.poll(alloc)).state is AllocationState.pending
         status = await aws.poll(alloc)
-        assert status.state is AllocationState.failed and "Server.InternalError" in status.reason
+        assert status.state is AllocationState.preempted and "Server.InternalError" in status.reason
+        assert ids[1] in status.reason and ids[0] not in status.reason
+

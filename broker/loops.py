@@ -10,6 +10,7 @@ row-locked state change (pending → placing, only from pending), so two replica
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -164,7 +165,7 @@ class BrokerLoops:
             if provider is None:
                 continue
             try:
-                status = await self.market.circuits[alloc.provider].call(lambda p=provider, a=alloc: p.poll(a))
+                status = await self.market.circuits[alloc.provider].call(functools.partial(provider.poll, alloc))
             except CircuitOpen:
                 continue  # not called while its circuit is open; polled again once it closes
             except ProviderError as exc:

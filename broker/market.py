@@ -21,6 +21,7 @@ failing then costs a number of calls that grows with the logarithm of the outage
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -266,7 +267,7 @@ class Marketplace:
         self._health: dict[str, ProviderHealth] = {name: ProviderHealth(name=name) for name in self.providers}
         self.circuits: dict[str, CircuitBreaker] = {
             name: CircuitBreaker(name, circuit, clock=clock,
-                                 credentials=(lambda n=name: credentials(n)) if credentials else None)
+                                 credentials=functools.partial(credentials, name) if credentials else None)
             for name in self.providers
         }
         self._book: OfferBook | None = None

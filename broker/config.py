@@ -207,6 +207,16 @@ class BrokerConfig(_Section):
     max_launch_tries: int = 5
     max_queue_wait_hours: float = 4.0  # burst when on-prem wait exceeds this
     installation: str = "lockstep"
+    # A provider whose calls (refresh, launch, poll) fail this many times in a row is not called until a
+    # probe after circuit_backoff_s, doubled at each failed probe up to circuit_backoff_max_s.
+    circuit_failures: int = Field(default=3, ge=1)
+    circuit_backoff_s: float = Field(default=30.0, gt=0)
+    circuit_backoff_max_s: float = Field(default=1800.0, gt=0)
+    # A job that cannot be placed fails, with every reason it collected, after this many launch rounds that
+    # failed (0: no cap), or once it has waited placement_timeout_s since it was submitted or requeued
+    # (0: no limit); a job with its own deadline waits until that deadline instead.
+    placement_rounds: int = Field(default=30, ge=0)
+    placement_timeout_s: float = Field(default=86400.0, ge=0)
 
 
 class TrackerConfig(_Section):
@@ -264,8 +274,30 @@ class ApiConfig(_Section):
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_bytes: int = 1_048_576
+    body_timeout_s: float = Field(default=30.0, gt=0)  # a request body not received by then gets a 408
     rate_per_s: float = 50.0  # per tenant
     burst: int = 100
+    # Requests with unknown or revoked tokens, per client address (each costs a database lookup): over it → 429
+    bad_token_rate_per_s: float = Field(default=1.0, gt=0)
+    bad_token_burst: int = Field(default=20, ge=1)
+
+
+def credential_files(section: object) -> tuple[tuple[str, tuple[int, ...] | None], ...]:
+    """The identity of each file a configuration section reads a credential from (its ``*_file`` fields):
+    it changes when such a file is replaced or rewritten (a rotated token), so a provider whose
+    credentials were refused is tried again then, without a restart."""
+    if not isinstance(section, BaseModel):
+        return ()
+    out: list[tuple[str, tuple[int, ...] | None]] = []
+    for name in type(section).model_fields:
+        path = getattr(section, name) if name.endswith("_file") else None
+        if isinstance(path, str) and path:
+            try:
+                st = os.stat(os.path.expanduser(path))
+                out.append((name, (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns, st.st_size)))
+            except OSError:
+                out.append((name, None))
+    return tuple(out)
 
 
 class Settings(BaseSettings):

@@ -29,6 +29,7 @@ from broker.models import (
     AllocationState,
     Benchmark,
     Job,
+    JobEvent,
     JobExit,
     JobState,
     QuoteOption,
@@ -110,6 +111,66 @@ def overdue(job: Job, attrs: Mapping[str, str], now: datetime) -> bool:
     return now - datetime.fromisoformat(since) > timedelta(seconds=limit) + MAX_DURATION_MARGIN
 
 
+@dataclass(frozen=True)
+class PlacementWait:
+    """What a pending job has been through since it last started waiting to be placed (submitted, or
+    requeued after a preemption or a lost allocation): ``rounds`` of launch tries that all failed, and every
+    distinct reason it was not placed, oldest first (each failed try's error; a round's reason when it
+    tried nothing)."""
+
+    since: datetime
+    rounds: int
+    reasons: tuple[str, ...]
+    summaries: frozenset[str] = frozenset()  # the reasons of rounds whose tries are listed instead
+
+    @classmethod
+    def of(cls, job: Job, events: Sequence[JobEvent]) -> PlacementWait:
+        since, start = job.created_at, 0
+        for i, e in enumerate(events):
+            if e.to_state is JobState.pending and e.from_state is not JobState.placing:
+                since, start = e.at, i + 1
+        rounds = 0
+        reasons: dict[str, None] = {}  # insertion-ordered, deduplicated
+        summaries: set[str] = set()
+        for e in events[start:]:
+            if e.from_state is not JobState.placing or e.to_state is not JobState.pending:
+                continue
+            tries = e.data.get("tries") or []
+            if tries:
+                rounds += 1
+                summaries.add(e.reason)
+            for text in [str(t.get("error", "")) for t in tries] if tries else [e.reason]:
+                if text:
+                    reasons.setdefault(text)
+        return cls(since, rounds, tuple(reasons), frozenset(summaries))
+
+
+@dataclass(frozen=True)
+class PlacementLimits:
+    """When a job that cannot be placed gives up (broker.placement_rounds, broker.placement_timeout_s; a
+    job's own deadline replaces the timeout). 0 turns a limit off."""
+
+    rounds: int = 0
+    timeout_s: float = 0.0
+
+    def may_be_due(self, job: Job, now: datetime) -> bool:
+        """A cheap look, no history: could the deadline or the timeout have passed? (The wait began at the
+        job's creation or later.)"""
+        if job.deadline is not None:
+            return now >= job.deadline
+        return bool(self.timeout_s) and now >= job.created_at + timedelta(seconds=self.timeout_s)
+
+    def due(self, job: Job, wait: PlacementWait, now: datetime) -> str:
+        """Why the job gives up now ('' while it may wait on)."""
+        if job.deadline is not None and now >= job.deadline:
+            return f"not placed by its deadline ({job.deadline:%Y-%m-%d %H:%M:%S} UTC)"
+        if job.deadline is None and self.timeout_s and now >= wait.since + timedelta(seconds=self.timeout_s):
+            return f"not placed within {self.timeout_s:g} s of waiting (broker.placement_timeout_s)"
+        if self.rounds and wait.rounds >= self.rounds:
+            return f"not placed after {wait.rounds} failed launch rounds (broker.placement_rounds)"
+        return ""
+
+
 class JobLifecycle:
     """Every job state change, over one store (and, for what a poll means, the providers).
 
@@ -173,6 +234,24 @@ class JobLifecycle:
         """placing → pending: not placed this time (the failed tries and the decision are kept)."""
         fields: dict[str, Any] = {} if decision is None else {"decision": decision}
         return await self._move(job_id, JobState.pending, reason, _tries(tries), {JobState.placing}, **fields)
+
+    async def placement_wait(self, job: Job) -> PlacementWait:
+        """The job's current wait to be placed, read from its events."""
+        return PlacementWait.of(job, await asyncio.to_thread(self.store.events, job.id))
+
+    async def give_up(self, job: Job, why: str, wait: PlacementWait) -> Job | None:
+        """pending → failed: the job could not be placed within its limits; its reason names every distinct
+        reason it collected (the event keeps them as a list). None when another writer moved it first."""
+        reasons = list(wait.reasons)
+        if job.reason and job.reason not in reasons and job.reason not in wait.summaries:
+            # why it waits now (not every wait leaves an event)
+            reasons.append(job.reason)
+        text = f"{why}: " + "; ".join(reasons) if reasons else why
+        try:
+            data = {"reasons": reasons, "rounds": wait.rounds, "waiting_since": wait.since.isoformat()}
+            return await self._move(job.id, JobState.failed, text[:4000], data, {JobState.pending})
+        except (ConflictError, NotFoundError):
+            return None
 
     async def fail_placing(self, job_id: str, reason: str) -> Job:
         """placing → failed: the job cannot be launched as it is (its spec names a secret no source has)."""

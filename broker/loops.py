@@ -10,6 +10,7 @@ row-locked state change (pending → placing, only from pending), so two replica
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -18,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from broker.config import Settings
 from broker.errors import ProviderError
-from broker.lifecycle import BurnInResults, JobLifecycle
-from broker.market import Marketplace
+from broker.lifecycle import BurnInResults, JobLifecycle, PlacementLimits, PlacementWait
+from broker.market import CircuitOpen, Marketplace
 from broker.models import Allocation, AllocationState, Job, JobState, utcnow
 from broker.reconcile import ReconcileReport, reconcile
 from broker.router import PlacementResult, Router
@@ -66,6 +67,10 @@ class BrokerLoops:
                              on_placed=on_placed, lifecycle=self.lifecycle)
         self.wake = wake or asyncio.Event()
         self._retry_at: dict[str, datetime] = {}
+        b = settings.broker
+        self.limits = PlacementLimits(b.placement_rounds, b.placement_timeout_s)
+        # A pending job's wait, read from its events, by (job, its last change): read again when it changed.
+        self._waits: dict[str, tuple[tuple[object, ...], PlacementWait]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
         self._sem = asyncio.Semaphore(PLACING_AT_ONCE)
@@ -81,6 +86,8 @@ class BrokerLoops:
             wanted = set(job_ids)
             pending = [j for j in pending if j.id in wanted]
         else:
+            waiting = {j.id for j in pending}  # forget the waits of jobs no longer pending
+            self._waits = {k: v for k, v in self._waits.items() if k in waiting}
             pending = [j for j in pending if self._retry_at.get(j.id, now) <= now]
         results: list[PlacementResult] = []
         unhealthy = await asyncio.to_thread(self.store.unhealthy_nodes) if pending else {}
@@ -96,6 +103,8 @@ class BrokerLoops:
             return verdicts[key]
 
         async def one(job: Job) -> None:
+            if self.limits.may_be_due(job, now) and await self._give_up(job, now, results):
+                return
             # Look before claiming: a job nothing can run stays pending without churning events.
             why = unplaceable(job)
             if why:
@@ -114,10 +123,35 @@ class BrokerLoops:
                     res = await self.router.back_to_pending(claimed, f"placement error: {exc!r}"[:300], [], {})
                 if not res.placed:
                     self._retry_at[job.id] = self.clock() + RETRY_AFTER
+                    if res.tries and res.job.state is JobState.pending and self.limits.rounds and \
+                            await self._give_up(res.job, self.clock(), results):
+                        return
                 results.append(res)
 
         await asyncio.gather(*(one(j) for j in pending))
         return results
+
+    async def _give_up(self, job: Job, now: datetime, results: list[PlacementResult]) -> bool:
+        """Fail a pending job past its placement limits (rounds, timeout or its own deadline), with every
+        reason it collected. True when it did (the result is appended)."""
+        key = (job.updated_at, job.attempts, job.preemptions)
+        cached = self._waits.get(job.id)
+        if cached is not None and cached[0] == key:
+            wait = cached[1]
+        else:
+            wait = await self.lifecycle.placement_wait(job)
+            self._waits[job.id] = (key, wait)
+        why = self.limits.due(job, wait, now)
+        if not why:
+            return False
+        failed = await self.lifecycle.give_up(job, why, wait)
+        if failed is None:  # moved by another writer meanwhile
+            return False
+        log.info("job %s failed: %s", job.id, failed.reason)
+        self._retry_at.pop(job.id, None)
+        self._waits.pop(job.id, None)
+        results.append(PlacementResult(failed, False, failed.reason))
+        return True
 
     # ------------------------------------------------------------------ polling
     async def poll_once(self) -> int:
@@ -131,7 +165,9 @@ class BrokerLoops:
             if provider is None:
                 continue
             try:
-                status = await provider.poll(alloc)
+                status = await self.market.circuits[alloc.provider].call(functools.partial(provider.poll, alloc))
+            except CircuitOpen:
+                continue  # not called while its circuit is open; polled again once it closes
             except ProviderError as exc:
                 log.warning("poll %s on %s: %s", alloc.id, alloc.provider, exc)
                 continue

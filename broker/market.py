@@ -9,24 +9,222 @@ A refresh with a query filters every provider's answer with
 :func:`providers.base.matches`, here and nowhere else (providers may answer more
 than asked). Snapshot rows (``Offer.source``: the bundled catalog) give way to
 live offers of the same market.
+
+Each provider has a circuit breaker (:class:`CircuitBreaker`) over its calls: offer refreshes here,
+launches (broker/router.py) and polls (broker/loops.py). After ``failures`` consecutive failed calls it
+opens: the provider is not called at all until a half-open probe, one call, after a backoff that doubles
+each time the probe fails. A refused credential (``ProviderAuthError``) leaves it unusable until its
+configuration changes (a restart, or a credential file it reads being replaced). A provider that keeps
+failing then costs a number of calls that grows with the logarithm of the outage's length, not with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
+from broker.errors import BadRequestError, CapacityError, ProviderAuthError, ProviderError, QuotaError
 from broker.models import Offer, OfferSource, Perf, utcnow
 from policies.book import OfferBook
 from providers.base import OfferQuery, Provider, matches
 from providers.capabilities import Launches, Snapshot
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class CircuitState(StrEnum):
+    closed = "closed"  # calls go through
+    open = "open"  # no calls until ``next_probe_at``
+    half_open = "half_open"  # one probe call is allowed (or in flight); its outcome closes or reopens
+    auth_failed = "auth_failed"  # credentials refused: no calls until the provider's configuration changes
+
+
+# The numbers /metrics reports for each state (lockstep_provider_circuit_state): higher is worse.
+CIRCUIT_CODES = {CircuitState.closed: 0, CircuitState.half_open: 1, CircuitState.open: 2,
+                 CircuitState.auth_failed: 3}
+
+
+class CircuitInfo(BaseModel):
+    """A provider's circuit as ``GET /v1/providers`` shows it."""
+
+    state: CircuitState = CircuitState.closed
+    failures: int = Field(default=0, description="consecutive failed calls (refresh, launch, poll)")
+    opened: int = Field(default=0, description="times opened in a row; the backoff doubles with each")
+    since: datetime | None = Field(default=None, description="when it entered this state")
+    next_probe_at: datetime | None = Field(default=None, description="when an open circuit lets one probe call through")
+    reason: str = Field(default="", description="the last failure")
+
+
+@dataclass(frozen=True)
+class CircuitPolicy:
+    """When a circuit opens (``failures`` consecutive failed calls) and how long it stays open (``backoff_s``,
+    doubled at each reopening, at most ``backoff_max_s``)."""
+
+    failures: int = 3
+    backoff_s: float = 30.0
+    backoff_max_s: float = 1800.0
+
+    def backoff(self, opened: int) -> timedelta:
+        return timedelta(seconds=min(self.backoff_s * 2.0 ** min(opened, 60), self.backoff_max_s))
+
+
+class CircuitOpen(ProviderError):
+    """A call not made: the provider's circuit is open (or its credentials were refused)."""
+
+
+def _verdict(exc: BaseException | None) -> str:
+    """What a call's outcome says about the provider: ``ok`` (it answered: a refusal of this offer, this
+    request or over an account limit included), ``auth`` (credentials refused), ``failed`` (no answer:
+    throttled, 5xx, timed out, an adapter's bug), or ``none`` (cancelled, not made: no verdict)."""
+    if exc is None or isinstance(exc, CapacityError | BadRequestError | QuotaError):
+        return "ok"
+    if isinstance(exc, ProviderAuthError):
+        return "auth"
+    if isinstance(exc, Exception) and not isinstance(exc, CircuitOpen):
+        return "failed"
+    return "none"
+
+
+class CircuitTicket:
+    """Leave to make one call (see :meth:`CircuitBreaker.acquire`): ``record`` its outcome; ``release``
+    when the call was not made after all (a probe's slot is freed without a verdict)."""
+
+    def __init__(self, breaker: CircuitBreaker, probe: bool) -> None:
+        self.breaker, self.probe, self.done = breaker, probe, False
+
+    def record(self, exc: BaseException | None) -> None:
+        if not self.done:
+            self.done = True
+            self.breaker._record(self, _verdict(exc), exc)
+
+    def release(self) -> None:
+        self.record(asyncio.CancelledError())
+
+
+class CircuitBreaker:
+    """One provider's circuit: closed → open after ``policy.failures`` consecutive failures → half-open
+    (one probe) once its backoff has passed → closed on the probe's success, open again (twice as long) on
+    its failure. ``auth_failed`` after refused credentials, until ``credentials()`` (the identity of what
+    the provider's configuration reads its credentials from) changes. The backoff starts over once the
+    circuit has stayed closed as long as its last backoff."""
+
+    def __init__(self, name: str, policy: CircuitPolicy | None = None, *,
+                 clock: Callable[[], datetime] = utcnow,
+                 credentials: Callable[[], object] | None = None) -> None:
+        self.name = name
+        self.policy = policy or CircuitPolicy()
+        self.clock = clock
+        self.credentials = credentials or (lambda: None)
+        self.state = CircuitState.closed
+        self.failures = 0
+        self.opened = 0
+        self.since: datetime | None = None
+        self.next_probe_at: datetime | None = None
+        self.closed_at: datetime | None = None
+        self.reason = ""
+        self._probing = False
+        self._refused_credentials: object = None
+
+    def admits(self) -> bool:
+        """Would a call be let through now? (No side effect: :meth:`acquire` takes the leave.)"""
+        if self.state is CircuitState.closed:
+            return True
+        if self.state is CircuitState.auth_failed:
+            return self.credentials() != self._refused_credentials
+        if self.state is CircuitState.half_open:
+            return not self._probing
+        return self.next_probe_at is None or self.clock() >= self.next_probe_at
+
+    def acquire(self) -> CircuitTicket | None:
+        """Leave for one call, or None (the circuit is open). Past an open circuit's backoff (or after its
+        credentials changed) the first caller gets the one probe; the others wait for its outcome."""
+        if self.state is CircuitState.closed:
+            return CircuitTicket(self, probe=False)
+        if not self.admits():
+            return None
+        if self.state is not CircuitState.half_open:
+            log.info("provider %s: circuit half-open, probing", self.name)
+            self._enter(CircuitState.half_open)
+        self._probing = True
+        return CircuitTicket(self, probe=True)
+
+    def describe(self) -> str:
+        """Why calls are refused, for a job's reasons (the failure itself is in :meth:`info`)."""
+        if self.state is CircuitState.auth_failed:
+            return f"{self.name}: credentials refused; unusable until its configuration changes"
+        at = f"; next probe at {self.next_probe_at:%Y-%m-%d %H:%M:%S} UTC" if self.next_probe_at else ""
+        return f"{self.name}: circuit {self.state.value.replace('_', '-')} after {self.failures} failed calls{at}"
+
+    def info(self) -> CircuitInfo:
+        return CircuitInfo(state=self.state, failures=self.failures, opened=self.opened, since=self.since,
+                           next_probe_at=self.next_probe_at if self.state is CircuitState.open else None,
+                           reason=self.reason)
+
+    def _enter(self, state: CircuitState) -> None:
+        self.state, self.since = state, self.clock()
+
+    def _record(self, ticket: CircuitTicket, verdict: str, exc: BaseException | None) -> None:
+        if ticket.probe:
+            self._probing = False
+        now = self.clock()
+        if verdict == "ok":
+            if self.state is not CircuitState.closed:
+                log.info("provider %s: circuit closed", self.name)
+                self._enter(CircuitState.closed)
+                self.closed_at = now
+            elif self.opened and self.closed_at is not None and \
+                    now - self.closed_at >= self.policy.backoff(self.opened - 1):
+                self.opened = 0  # closed long enough: the next outage starts with the first backoff again
+            self.failures, self.next_probe_at = 0, None
+            return
+        if verdict == "none":
+            if self.state is CircuitState.half_open and not self._probing:
+                self._enter(CircuitState.open)  # the probe was not made: due again at once
+            return
+        self.reason = (str(exc) or type(exc).__name__)[:300]
+        if verdict == "auth":
+            if self.state is not CircuitState.auth_failed:
+                log.warning("provider %s: credentials refused; not called again until its configuration "
+                            "changes: %s", self.name, self.reason)
+            self._enter(CircuitState.auth_failed)
+            self._refused_credentials = self.credentials()
+            self.failures += 1
+            self.next_probe_at = None
+            return
+        self.failures += 1
+        if self.state is CircuitState.auth_failed:
+            return  # a call from before the refusal: it changes nothing
+        if (self.state is CircuitState.half_open and ticket.probe) or \
+                (self.state is CircuitState.closed and self.failures >= self.policy.failures):
+            backoff = self.policy.backoff(self.opened)
+            self.opened += 1
+            self.next_probe_at = now + backoff
+            self._enter(CircuitState.open)
+            log.warning("provider %s: circuit open after %d failed calls (last: %s); next probe in %.0f s",
+                        self.name, self.failures, self.reason, backoff.total_seconds())
+
+    async def call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """``fn()`` under this circuit: CircuitOpen when it is open, the outcome recorded otherwise."""
+        ticket = self.acquire()
+        if ticket is None:
+            raise CircuitOpen(self.name, self.describe().removeprefix(f"{self.name}: "))
+        try:
+            result = await fn()
+        except BaseException as exc:
+            ticket.record(exc)
+            raise
+        ticket.record(None)
+        return result
 
 
 class ProviderHealth(BaseModel):
@@ -39,6 +237,7 @@ class ProviderHealth(BaseModel):
     latency_s: float | None = None
     stale: bool = True
     age_s: float | None = None
+    circuit: CircuitInfo = Field(default_factory=CircuitInfo)
 
 
 class Marketplace:
@@ -50,7 +249,12 @@ class Marketplace:
         clock: Callable[[], datetime] = utcnow,
         on_refresh: Callable[[str, bool, float], None] | None = None,
         after_refresh: Callable[[], Awaitable[None]] | None = None,
+        circuit: CircuitPolicy | None = None,
+        credentials: Callable[[str], object] | None = None,
     ) -> None:
+        """``circuit``: when each provider's circuit opens and for how long; ``credentials(name)``: the
+        identity of what that provider's configuration reads its credentials from (a refused provider is
+        probed again when it changes)."""
         self.providers = dict(providers)
         self.timeout_s = timeout_s
         self.clock = clock
@@ -61,6 +265,11 @@ class Marketplace:
         self.after_refresh = after_refresh
         self._offers: dict[str, list[Offer]] = {name: [] for name in self.providers}
         self._health: dict[str, ProviderHealth] = {name: ProviderHealth(name=name) for name in self.providers}
+        self.circuits: dict[str, CircuitBreaker] = {
+            name: CircuitBreaker(name, circuit, clock=clock,
+                                 credentials=functools.partial(credentials, name) if credentials else None)
+            for name in self.providers
+        }
         self._book: OfferBook | None = None
         self._base_book: OfferBook | None = None  # columns and index, built once per refresh
         self._snapshot: list[Offer] | None = None  # merged offers of the last refresh
@@ -81,10 +290,18 @@ class Marketplace:
 
     async def _refresh_one(self, name: str, provider: Provider, query: OfferQuery | None) -> None:
         health = self._health[name]
+        circuit = self.circuits[name]
         started = time.perf_counter()
-        health.last_attempt = self.clock()
+
+        async def attempt() -> list[Offer]:
+            health.last_attempt = self.clock()
+            return await asyncio.wait_for(provider.offers(query), self.timeout_s)
+
         try:
-            offers = await asyncio.wait_for(provider.offers(query), self.timeout_s)
+            offers = await circuit.call(attempt)
+        except CircuitOpen as exc:  # not called: its last offers stand, stale
+            health.ok, health.last_error = False, str(exc)[:500]
+            return
         except Exception as exc:  # a market failing must not take the others down
             elapsed = time.perf_counter() - started
             reason = "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
@@ -131,6 +348,7 @@ class Marketplace:
         for h in self._health.values():
             h.age_s = (now - h.last_ok).total_seconds() if h.last_ok else None
             h.stale = not h.ok
+            h.circuit = self.circuits[h.name].info()
         return {n: h.model_copy() for n, h in self._health.items()}
 
     def offers(self) -> list[Offer]:

@@ -40,7 +40,7 @@ from broker.errors import (
     SpecError,
 )
 from broker.lifecycle import JobLifecycle, LaunchTry
-from broker.market import Marketplace
+from broker.market import CircuitTicket, Marketplace
 from broker.models import (
     Allocation,
     AllocationState,
@@ -141,6 +141,7 @@ class Router:
             and isinstance(provider, Launches)
             and offer.source is OfferSource.live
             and not (single_unit(offer) and (o.offer_id in self._taken or o.offer_id in held))
+            and self.market.circuits[o.provider].admits()  # an open circuit: not called until its probe
         )
 
     def rank(self, job: Job, now: datetime, unhealthy: dict[tuple[str, str], str],
@@ -177,13 +178,16 @@ class Router:
         """Offers with an intent on them: launches in flight (few rows, read fresh)."""
         return {a.offer_id for a in await self._db(self.store.allocations, None, [AllocationState.intent])}
 
-    @staticmethod
-    def unplaceable_reason(q: Quote, options: list[QuoteOption]) -> str:
+    def unplaceable_reason(self, q: Quote, options: list[QuoteOption]) -> str:
         """Why a job cannot be launched anywhere right now ('' when it can)."""
         if not q.options:
             counts = ", ".join(f"{k}: {v}" for k, v in sorted(q.rejected_counts.items(), key=lambda kv: -kv[1]))
             return f"no feasible offer ({counts or 'no offers'})"
         if not options:
+            shut = sorted({o.provider for o in q.options if o.provider in self.market.circuits
+                           and not self.market.circuits[o.provider].admits()})
+            if shut:
+                return "no launchable offer right now: " + "; ".join(self.market.circuits[p].describe() for p in shut)
             return ("no launchable offer right now: the feasible ones are single machines already taken, "
                     "or come only from the read-only catalog")
         return ""
@@ -251,6 +255,7 @@ class Router:
 
         tries: list[LaunchTry] = []
         skip: set[str] = set()
+        shut: list[str] = []  # providers whose circuit refused a launch this pass
         for opt in cands:
             if len(tries) >= tries_allowed:
                 break
@@ -258,6 +263,11 @@ class Router:
                 continue
             offer = self.market.find(opt.offer_id)
             if offer is None:  # a refresh since the ranking dropped it
+                continue
+            circuit = self.market.circuits[opt.provider]
+            if not circuit.admits():  # opened during this pass, or another placement holds its one probe
+                skip.add(opt.provider)
+                shut.append(circuit.describe())
                 continue
             if single_unit(offer):
                 # One machine, one renter: skip what this process is launching on (or lost) and what a
@@ -269,20 +279,34 @@ class Router:
                 # Another replica may have written its intent on it since: look again, just before ours.
                 if offer.id in await self._launching_elsewhere():
                     continue
-            outcome = await self._try(job, opt, offer, decision, tries, secret_values)
+            ticket = circuit.acquire()
+            if ticket is None:  # it closed to us while we looked for intents elsewhere
+                self._taken.discard(offer.id)
+                skip.add(opt.provider)
+                shut.append(circuit.describe())
+                continue
+            try:
+                outcome = await self._try(job, opt, offer, decision, tries, secret_values, ticket)
+            finally:
+                ticket.release()  # a no-op once the launch's outcome is recorded
             if isinstance(outcome, PlacementResult):
                 return outcome
             tries.append(outcome)  # failed: on to the next offer (or past this provider)
             if outcome.rules_out_provider:
                 skip.add(opt.provider)
+        if not tries and shut:
+            return await self.back_to_pending(job, "no launchable offer right now: " + "; ".join(shut), tries,
+                                              decision.as_dict())
         last = tries[-1].error if tries else "no candidate"
-        return await self.back_to_pending(job, f"all {len(tries)} launch tries failed; last: {last}", tries,
-                                          decision.as_dict())
+        reason = "; ".join([f"all {len(tries)} launch tries failed; last: {last}", *shut])
+        return await self.back_to_pending(job, reason, tries, decision.as_dict())
 
     async def _try(self, job: Job, opt: QuoteOption, offer: Offer, decision: Decision,
-                   tries: Sequence[LaunchTry], secret_values: Mapping[str, SecretStr]) -> PlacementResult | LaunchTry:
+                   tries: Sequence[LaunchTry], secret_values: Mapping[str, SecretStr],
+                   ticket: CircuitTicket) -> PlacementResult | LaunchTry:
         """One launch try on ``offer``: the final result (placed, or a reconcile decided the launch), or the
-        record of a failed try (the caller moves on). ``tries``: the failed tries before this one."""
+        record of a failed try (the caller moves on). ``tries``: the failed tries before this one.
+        ``ticket``: the provider's circuit's leave for the launch call, which records its outcome."""
         provider = self.market.launcher(opt.provider)
         assert provider is not None  # only launchable options are tried
         # Counted (and persisted) before the intent and the call: a crash never reuses an attempt's token.
@@ -309,6 +333,7 @@ class Router:
         try:
             got = await self._launch(provider, req)
         except ProviderError as exc:
+            ticket.record(exc)
             if not isinstance(exc, CapacityError):
                 self._taken.discard(offer.id)  # not gone, just not launched: others may try it
             failed = LaunchTry(offer_id=opt.offer_id, provider=opt.provider, sku=opt.sku, zone=opt.zone,
@@ -320,12 +345,14 @@ class Router:
             log.info("job %s: %s on %s failed: %s", job.id, opt.sku, opt.zone or opt.region, exc)
             return failed
         except Exception as exc:  # an adapter bug must not lose the job: record, try the next offer
+            ticket.record(exc)
             self._taken.discard(offer.id)
             log.exception("job %s: launch on %s raised", job.id, opt.provider)
             failed = LaunchTry(offer_id=opt.offer_id, provider=opt.provider, error=repr(exc)[:300], kind="error")
             if not await self._fail_intent(alloc, repr(exc)[:500]):
                 return await self._decided_elsewhere(job, alloc, [*tries, failed])
             return failed
+        ticket.record(None)
 
         state = got.state if got.state not in (AllocationState.intent, AllocationState.unknown) else \
             AllocationState.pending

@@ -16,9 +16,9 @@ from aiohttp import web
 
 from broker.api.auth import RateLimiter, TokenCache
 from broker.api.handlers import ROUTES
-from broker.api.keys import LIMITER, METRICS, OPENAPI, SERVICE, TOKENS
+from broker.api.keys import BAD_TOKENS, LIMITER, METRICS, OPENAPI, SERVICE, TOKENS
 from broker.api.metrics import ApiMetrics
-from broker.api.middlewares import auth_middleware, error_middleware
+from broker.api.middlewares import auth_middleware, body_middleware, error_middleware
 from broker.api.openapi import build_openapi
 from broker.config import Settings
 from broker.service import Lockstep
@@ -37,10 +37,11 @@ def create_app(svc: Lockstep, *, start_loops: bool = True, close_service: bool =
     """
     api = svc.settings.api
     app = web.Application(client_max_size=api.max_body_bytes,
-                          middlewares=[error_middleware, auth_middleware])
+                          middlewares=[error_middleware, auth_middleware, body_middleware])
     app[SERVICE] = svc
     app[METRICS] = ApiMetrics()
     app[LIMITER] = RateLimiter(api.rate_per_s, api.burst)
+    app[BAD_TOKENS] = RateLimiter(api.bad_token_rate_per_s, api.bad_token_burst)
 
     app[TOKENS] = TokenCache(svc.verify_token, token_cache_s)
     app[OPENAPI] = build_openapi()

@@ -30,6 +30,11 @@ class TokenCache:
         self._clock = clock
         self._entries: dict[str, tuple[TokenInfo, float]] = {}
 
+    def cached(self, plaintext: str) -> TokenInfo | None:
+        """The token's info when a lookup is cached and fresh (no database round trip), else None."""
+        hit = self._entries.get(token_key(plaintext))
+        return hit[0] if hit is not None and hit[1] > self._clock() else None
+
     async def lookup(self, plaintext: str) -> TokenInfo | None:
         key = token_key(plaintext)
         now = self._clock()
@@ -59,7 +64,8 @@ class _Bucket:
 
 
 class RateLimiter:
-    """A token bucket per tenant: ``rate_per_s`` sustained, ``burst`` at once."""
+    """A token bucket per key (a tenant; a client address for unknown tokens): ``rate_per_s`` sustained,
+    ``burst`` at once."""
 
     def __init__(self, rate_per_s: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.rate = max(rate_per_s, 1e-9)
@@ -67,11 +73,22 @@ class RateLimiter:
         self._clock = clock
         self._buckets: dict[str, _Bucket] = {}
 
+    def peek(self, key: str) -> float:
+        """What :meth:`take` would answer, without taking."""
+        b = self._buckets.get(key)
+        if b is None:
+            return 0.0
+        tokens = min(float(self.burst), b.tokens + (self._clock() - b.at) * self.rate)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
+
     def take(self, tenant: str) -> float:
         """0 when the request may go; otherwise the seconds until it could."""
         now = self._clock()
         b = self._buckets.get(tenant)
         if b is None:
+            if len(self._buckets) >= 10_000:  # keyed by client address too: forget the buckets that are full
+                self._buckets = {k: v for k, v in self._buckets.items()
+                                 if v.tokens + (now - v.at) * self.rate < self.burst}
             b = self._buckets[tenant] = _Bucket(float(self.burst), now)
         b.tokens = min(float(self.burst), b.tokens + (now - b.at) * self.rate)
         b.at = now

@@ -12,6 +12,7 @@ from broker.service import Lockstep
 SERVICE = web.AppKey("service", Lockstep)
 TOKENS = web.AppKey("tokens", TokenCache)
 LIMITER = web.AppKey("limiter", RateLimiter)
+BAD_TOKENS = web.AppKey("bad_tokens", RateLimiter)  # requests with unknown tokens, per client address
 METRICS = web.AppKey("metrics", ApiMetrics)
 OPENAPI = web.AppKey("openapi", dict)
 # Request key for the caller's TokenInfo (RequestKey where this aiohttp has it).

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from broker.market import CIRCUIT_CODES
 from broker.models import AllocationState, JobState, as_utc, utcnow
 
 if TYPE_CHECKING:
@@ -66,6 +67,16 @@ class ApiMetrics:
         self.provider_last_ok = Gauge("lockstep_provider_last_success_timestamp_seconds",
                                       "When the provider's offers last refreshed successfully (Unix time)",
                                       ["provider"], registry=r)
+        self.circuit_state = Gauge("lockstep_provider_circuit_state",
+                                   "The provider's circuit breaker: 0 closed, 1 half-open (probing), 2 open, "
+                                   "3 credentials refused (unusable until its configuration changes)",
+                                   ["provider"], registry=r)
+        self.circuit_failures = Gauge("lockstep_provider_circuit_failures",
+                                      "Consecutive failed calls (refresh, launch, poll) to the provider", ["provider"],
+                                      registry=r)
+        self.circuit_next_probe = Gauge("lockstep_provider_circuit_next_probe_timestamp_seconds",
+                                        "When the provider's open circuit lets its next probe through (Unix time)",
+                                        ["provider"], registry=r)
         self.tenant_spend = Gauge("lockstep_tenant_spend_usd", "USD a tenant has spent this calendar month (UTC)",
                                   ["tenant"], registry=r)
         self.tenant_burn = Gauge("lockstep_tenant_burn_usd_per_hour",
@@ -153,13 +164,18 @@ class ApiMetrics:
     def _render_snapshot(self, snap: dict[str, Any]) -> None:
         for state, age in snap.get("oldest", {}).items():
             self.jobs_oldest.labels(state).set(age)
-        for gauge in (self.provider_up, self.provider_offers, self.provider_last_ok):
+        for gauge in (self.provider_up, self.provider_offers, self.provider_last_ok, self.circuit_state,
+                      self.circuit_failures, self.circuit_next_probe):
             gauge.clear()
         for name, h in snap.get("providers", {}).items():
             self.provider_up.labels(name).set(1 if h.ok and not h.stale else 0)
             self.provider_offers.labels(name).set(h.offers)
             if h.last_ok is not None:
                 self.provider_last_ok.labels(name).set(as_utc(h.last_ok).timestamp())
+            self.circuit_state.labels(name).set(CIRCUIT_CODES[h.circuit.state])
+            self.circuit_failures.labels(name).set(h.circuit.failures)
+            if h.circuit.next_probe_at is not None:
+                self.circuit_next_probe.labels(name).set(as_utc(h.circuit.next_probe_at).timestamp())
         for gauge in (self.tenant_spend, self.tenant_burn, self.tenant_budget):
             gauge.clear()
         for tenant, spent, burn, budget in snap.get("tenants", []):

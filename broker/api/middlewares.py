@@ -1,11 +1,17 @@
-"""aiohttp middlewares: errors (outermost, also counts requests), then auth and rate limits.
+"""aiohttp middlewares: errors (outermost, also counts requests), then auth and rate limits, then the body.
 
 Order matters: the error middleware wraps everything so a refused token, a
 body too large or an unknown route all answer in the same JSON shape.
+
+Bodies are read here, once, before the handler, with ``api.body_timeout_s``: a client that declares a
+body and sends it slowly (or never) gets a 408 instead of holding a request open; one that declares more
+than ``api.max_body_bytes`` gets a 413 before a byte is read. A client that hangs up mid-body is no
+server error: it is counted with status 499 (nginx's "client closed request") and logged in one line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -15,12 +21,17 @@ from aiohttp.typedefs import Handler
 from broker.api.auth import is_admin, retry_after
 from broker.api.errors import ApiError, error_response, from_http, from_lockstep
 from broker.api.handlers import ADMIN_ONLY, ROUTES
-from broker.api.keys import AUTH, LIMITER, METRICS, TOKENS
+from broker.api.keys import AUTH, BAD_TOKENS, LIMITER, METRICS, SERVICE, TOKENS
 from broker.errors import LockstepError
 
 log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset(r.path for r in ROUTES if r.public)  # the route table says which
+CLIENT_CLOSED = 499  # the status a request is counted with when its client hung up before it was answered
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its request was read: nobody is left to answer."""
 
 
 def route_name(request: web.Request) -> str:
@@ -40,7 +51,15 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return resp
     except ApiError as exc:
         status = exc.status
-        return error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)
+        resp = error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)
+        if resp.headers.get("Connection", "").lower() == "close":
+            resp.force_close()  # the rest of its body is not read: this connection serves no other request
+        return resp
+    except ClientGone:
+        log.info("%s %s: the client closed the connection before sending its body", request.method,
+                 route_name(request))
+        status = CLIENT_CLOSED
+        return error_response(400, "bad_request", "client closed the connection")  # never delivered
     except LockstepError as exc:
         err = from_lockstep(exc)
         if err.status >= 500:
@@ -87,9 +106,19 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
                        headers=_CHALLENGE)
     if len(plaintext) > 512:
         raise ApiError(401, "unauthorized", "invalid or revoked token", headers=_CHALLENGE)
-    info = await request.app[TOKENS].lookup(plaintext)
+    tokens = request.app[TOKENS]
+    info = tokens.cached(plaintext)
     if info is None:
-        raise ApiError(401, "unauthorized", "invalid or revoked token", headers=_CHALLENGE)
+        # Each unknown token costs a database lookup: past a few, a client address waits before its next one.
+        strangers, address = request.app[BAD_TOKENS], request.remote or ""
+        wait = strangers.peek(address)
+        if wait > 0:
+            raise ApiError(429, "rate_limited", "too many requests with unknown or revoked tokens from this address",
+                           headers={"Retry-After": retry_after(wait)})
+        info = await tokens.lookup(plaintext)
+        if info is None:
+            strangers.take(address)
+            raise ApiError(401, "unauthorized", "invalid or revoked token", headers=_CHALLENGE)
     wait = request.app[LIMITER].take(info.tenant)
     if wait > 0:
         raise ApiError(429, "rate_limited", f"tenant {info.tenant} is over its request rate",
@@ -98,4 +127,25 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if route_handler in ADMIN_ONLY and not is_admin(info):
         raise ApiError(403, "forbidden", "this endpoint needs an admin token")
     request[AUTH] = info
+    return await handler(request)
+
+
+@web.middleware
+async def body_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Read the request's body before its handler: refused by its declared length, bounded in time."""
+    if request.body_exists:
+        api = request.app[SERVICE].settings.api
+        declared = request.content_length
+        if declared is not None and declared > api.max_body_bytes:
+            raise ApiError(413, "payload_too_large",
+                           f"request body too large: {declared} bytes declared, at most {api.max_body_bytes}",
+                           "body", {"Connection": "close"})
+        try:
+            async with asyncio.timeout(api.body_timeout_s):
+                await request.read()  # kept by the request: the handler's read() and json() use it
+        except TimeoutError:
+            raise ApiError(408, "request_timeout", f"the request body did not arrive within {api.body_timeout_s:g} s",
+                           "body", {"Connection": "close"}) from None
+        except ConnectionResetError:
+            raise ClientGone() from None
     return await handler(request)

@@ -28,11 +28,18 @@ class OffersService(Runtime):
         return result
 
     async def offers(self, f: OfferFilter, limit: int | None = None) -> list[Offer]:
-        """The offer book narrowed by ``f``, cheapest per GPU-hour first."""
+        """The offer book narrowed by ``f``, cheapest per GPU-hour first. Offers on a node marked unhealthy
+        (a drain) leave at once, as they do from quotes: the book's health column says which."""
         from policies.offers import select
 
         await self.ensure_offers()
-        return select(self.market.offers(), f, limit)
+        offers = self.market.offers()
+        unhealthy = await self.unhealthy_nodes()
+        if unhealthy:
+            book = self.market.book(unhealthy_hosts=unhealthy, preemption_rates=self.preemption_rates())
+            drained = {book.ids[row] for row in book.unhealthy_rows.tolist()}
+            offers = [o for o in offers if o.id not in drained]
+        return select(offers, f, limit)
 
     async def gpus(self, models: list[str] | None = None) -> list[GpuSummary]:
         """Per GPU model in the current book: markets, regions, units and $/GPU-hour ranges."""

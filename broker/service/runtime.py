@@ -83,10 +83,14 @@ class Runtime:
     def market(self) -> Marketplace:
         """The offer book over this service's providers."""
         if self._market is None:
-            from broker.market import Marketplace
+            from broker.config import credential_files
+            from broker.market import CircuitPolicy, Marketplace
 
-            self._market = Marketplace(self._providers, timeout_s=self.settings.broker.provider_timeout_s,
-                                       clock=self.clock, after_refresh=self._after_refresh)
+            b = self.settings.broker
+            self._market = Marketplace(
+                self._providers, timeout_s=b.provider_timeout_s, clock=self.clock, after_refresh=self._after_refresh,
+                circuit=CircuitPolicy(b.circuit_failures, b.circuit_backoff_s, b.circuit_backoff_max_s),
+                credentials=lambda name: credential_files(getattr(self.settings, name, None)))
         return self._market
 
     async def open_store(self) -> None:

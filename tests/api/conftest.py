@@ -140,8 +140,9 @@ def api(tmp_path_factory: pytest.TempPathFactory, captured_logs: _Collector,
         _, admin = store.create_token("ops", Role.admin, "tests: admin")
         _, alice = store.create_token("alpha", Role.user, "tests: alice")
         _, bob = store.create_token("beta", Role.user, "tests: bob")
-    # A generous rate so schemathesis and the other tests never meet the limit here.
-    settings = _settings(db_url, ApiConfig(rate_per_s=100_000, burst=100_000, max_body_bytes=64 * 1024))
+    # A generous rate (unknown tokens too) so schemathesis and the other tests never meet the limit here.
+    settings = _settings(db_url, ApiConfig(rate_per_s=100_000, burst=100_000, max_body_bytes=64 * 1024,
+                                           bad_token_rate_per_s=100_000, bad_token_burst=100_000))
     server, svc = _serve(settings, request)
     return Api(server.url, admin, alice, bob, db_url, settings, svc,
                secrets=[admin, alice, bob, FAKE_VAST_KEY])
@@ -167,7 +168,8 @@ def fuzz_api(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     with open_store(db_url) as store:
         _, admin = store.create_token("ops", Role.admin, "schemathesis")
         _, alice = store.create_token("alpha", Role.user)
-    settings = _settings(db_url, ApiConfig(rate_per_s=100_000, burst=100_000, max_body_bytes=256 * 1024))
+    settings = _settings(db_url, ApiConfig(rate_per_s=100_000, burst=100_000, max_body_bytes=256 * 1024,
+                                           bad_token_rate_per_s=100_000, bad_token_burst=100_000))
     server, svc = _serve(settings, request)
     return Api(server.url, admin, alice, "", db_url, settings, svc, app=server.app)
 

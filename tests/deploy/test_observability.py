@@ -136,7 +136,7 @@ def test_the_dashboard_shows_what_it_promises() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     titles = " | ".join(p["title"].lower() for p in dashboard["panels"])
     for topic in ("jobs by state", "placements per provider", "burst rate", "spend", "provider errors",
-                  "latency", "quote latency", "provider up"):
+                  "latency", "quote latency", "provider up", "circuit"):
         assert topic in titles, topic
     assert all(p.get("datasource", {}).get("uid") == "${datasource}" for p in dashboard["panels"] if p["type"] != "row")
 
@@ -151,8 +151,8 @@ def test_every_metric_the_dashboard_and_rules_use_is_exported(scrape: str) -> No
 
 def test_a_metric_that_is_not_exported_fails_the_check(scrape: str) -> None:
     broken = json.loads(DASHBOARD.read_text())
-    broken["panels"][1]["targets"][0]["expr"] = "max by (provider) (lockstep_provider_circuit_state)"
-    assert not_exported(dashboard_exprs(broken), scrape) == {"lockstep_provider_circuit_state"}
+    broken["panels"][1]["targets"][0]["expr"] = "max by (provider) (lockstep_provider_circuit_open)"
+    assert not_exported(dashboard_exprs(broken), scrape) == {"lockstep_provider_circuit_open"}
     rules = yaml.safe_load((PROM / "alerts.yaml").read_text())
     rules["groups"][0]["rules"][0]["expr"] = "sum(lockstep_jobs_total) == 0"  # a gauge has no _total
     assert not_exported(rule_exprs(rules), scrape) == {"lockstep_jobs_total"}

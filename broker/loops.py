@@ -24,6 +24,7 @@ from broker.market import CircuitOpen, Marketplace
 from broker.models import Allocation, AllocationState, Job, JobState, utcnow
 from broker.reconcile import ReconcileReport, reconcile
 from broker.router import PlacementResult, Router
+from broker.secrets import SecretSources
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -62,7 +63,8 @@ class BrokerLoops:
         self.market = market
         self.clock = clock
         self.worker = worker or f"broker-{secrets.token_hex(4)}"
-        self.lifecycle = JobLifecycle(store, market.providers, clock=clock, burn_in=burn_in)
+        self.lifecycle = JobLifecycle(store, market.providers, clock=clock, burn_in=burn_in,
+                                      secrets=SecretSources(settings.secrets))
         self.router = Router(settings, store, market, clock=clock, preemption_rates=preemption_rates,
                              on_placed=on_placed, lifecycle=self.lifecycle)
         self.wake = wake or asyncio.Event()

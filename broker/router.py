@@ -380,8 +380,7 @@ class Router:
             # Cancelled (or requeued) while we launched: give it straight back.
             log.info("job %s was cancelled during launch; releasing %s", job.id, got.resource_ids)
             await provider.release(current)
-            await self._db(self.store.update_allocation, alloc.id, state=AllocationState.released,
-                           reason="job cancelled during launch")
+            await self.lifecycle.ended(current, AllocationState.released, "job cancelled during launch")
             return PlacementResult(await self._db(self.store.get_job, job.id), False, "cancelled during launch",
                                    list(tries))
         if self.on_placed:

@@ -44,13 +44,12 @@ class JobsService(Runtime):
         return await self.db(self.store.allocations, job_id)
 
     async def release_allocation(self, alloc: Allocation, reason: str) -> Allocation:
-        """Give an allocation back to its provider and record it; already-gone counts as released."""
-        provider = self.market.launcher(alloc.provider)
-        if provider is None:
+        """Give an allocation back to its provider and record it (its last log kept, its cost booked);
+        already-gone counts as released."""
+        if self.market.launcher(alloc.provider) is None:
             raise ProviderError(alloc.provider, "provider not configured; cannot release " + alloc.id)
-        if alloc.resource_ids or alloc.state is not AllocationState.intent:
-            await provider.release(alloc)
-        return await self.db(self.store.update_allocation, alloc.id, state=AllocationState.released, reason=reason)
+        await self.broker.lifecycle.release(alloc, reason, raise_errors=True)
+        return await self.db(self.store.get_allocation, alloc.id)
 
     async def cancel(self, job_id: str, tenant: str | None = None, reason: str = "cancelled by user") -> Job:
         """Cancel a job and release everything it holds. Cancelling a finished job changes nothing."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from broker.config import VastConfig
 from broker.errors import CapacityError
-from broker.models import Allocation, AllocationState, AllocationStatus, ExitReason, Market, Offer
+from broker.models import PER_SECOND, Allocation, AllocationState, AllocationStatus, ExitReason, Market, Offer
 from providers.base import LaunchRequest, OfferQuery
 from providers.capabilities import HasJobLogs
 from providers.vast.client import VastClient
@@ -58,6 +58,7 @@ def map_instance_state(inst: dict[str, Any]) -> tuple[AllocationState, str]:
 
 class VastProvider(HasJobLogs):
     name = PROVIDER
+    billing = PER_SECOND  # Vast bills a rented instance per second
 
     def __init__(self, config: VastConfig, *, installation: str = "lockstep") -> None:
         self.config = config

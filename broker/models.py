@@ -34,6 +34,12 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def month_start(now: datetime) -> datetime:
+    """The start of ``now``'s calendar month (UTC): where month-to-date spend and budgets begin."""
+    now = now.astimezone(UTC)
+    return datetime(now.year, now.month, 1, tzinfo=UTC)
+
+
 def as_utc(value: datetime | str) -> datetime:
     """A timezone-aware UTC datetime from a datetime (naive means UTC) or an ISO-8601 string ('Z' allowed)."""
     if isinstance(value, str):

@@ -23,7 +23,7 @@ import secrets
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
@@ -50,6 +50,7 @@ from broker.models import (
     OfferSource,
     Quote,
     QuoteOption,
+    month_start,
     utcnow,
 )
 from broker.secrets import SecretSources
@@ -73,10 +74,6 @@ HELD_TTL_S = 1.0  # how long a read of the offers live allocations hold is reuse
 
 def new_alloc_id() -> str:
     return "a" + secrets.token_hex(8)
-
-
-def month_start(now: datetime) -> datetime:
-    return datetime(now.year, now.month, 1, tzinfo=UTC)
 
 
 def single_unit(offer: Offer) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from broker.errors import ProviderError
-from broker.lifecycle import JobLifecycle
+from broker.lifecycle import HOLDING, JobLifecycle
 from broker.models import TERMINAL_STATES, Allocation, AllocationState, Job, JobSpec, JobState
 from broker.service.runtime import Runtime, new_job_id
 
@@ -35,10 +35,20 @@ class JobsService(Runtime):
 
     async def list_jobs(self, *, tenant: str | None = None, states: list[JobState] | None = None, limit: int = 50,
                         cursor: str | None = None) -> tuple[list[Job], str | None]:
-        return await self.db(self.store.list_jobs, tenant, states, limit, cursor)
+        jobs, nxt = await self.db(self.store.list_jobs, tenant, states, limit, cursor)
+        return await self._with_accruing(jobs), nxt
 
     async def get_job(self, job_id: str, tenant: str | None = None) -> Job:
-        return await self.db(self.store.get_job, job_id, tenant)
+        job = await self.db(self.store.get_job, job_id, tenant)
+        return (await self._with_accruing([job]))[0]
+
+    async def _with_accruing(self, jobs: list[Job]) -> list[Job]:
+        """The jobs, each holding an allocation with what it has cost so far (``accruing_usd``)."""
+        holding = [j.id for j in jobs if j.state in HOLDING]
+        if not holding:
+            return jobs
+        acc = await self.db(self.store.accruing, holding, self.clock())
+        return [j.model_copy(update={"accruing_usd": acc[j.id]}) if j.id in acc else j for j in jobs]
 
     async def job_allocations(self, job_id: str) -> list[Allocation]:
         return await self.db(self.store.allocations, job_id)

@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 
 # Allocation states in which the provider no longer runs anything for the job.
 ENDED = (AllocationState.released, AllocationState.failed, AllocationState.succeeded, AllocationState.preempted)
+# The allocation state a poll answers when the provider holds nothing any more (no release needed; a preempted
+# Vast instance, for one, still exists, stopped, until it is destroyed).
+GONE = (AllocationState.released,)
 # Job states in which a job holds, or is getting, an allocation.
 HOLDING = (JobState.placing, JobState.provisioning, JobState.running)
 
@@ -310,7 +313,9 @@ class JobLifecycle:
 
         ``exit``: how the command ended, as its wrapper reported (succeeded/failed polls). The job ends with
         its exit code and last lines, and its machines are given back at once — a cloud machine still
-        shutting down, a marketplace container sitting exited — so billing stops within this poll. A
+        shutting down, a marketplace container sitting exited — so billing stops within this poll (also when
+        the market reports the end without an exit status). Every allocation that ends has its cost booked
+        into its job once (:meth:`ended`) and, where the market serves logs, its last log kept. A
         running job past its ``max_duration`` (plus the wrapper's margin) is stopped here if its wrapper
         did not stop it.
         """
@@ -320,28 +325,33 @@ class JobLifecycle:
         except NotFoundError:
             return None
         if job.state in TERMINAL_STATES:
-            if state not in ENDED:  # a finished job still holding capacity: give it back
-                await self.release(alloc, f"job is {job.state.value}")
-            else:  # gone already (a release a crash interrupted before it was recorded): record it, book it
+            if state in GONE:  # gone already (a release a crash interrupted before it was recorded): record, book
                 await self.ended(alloc, state, reason or f"job is {job.state.value}")
+            else:  # a finished job still holding capacity (its command's end included): give it back
+                await self.release(alloc, f"job is {job.state.value}",
+                                   state=state if state in ENDED else AllocationState.released)
             return None
         attrs = dict(alloc.attrs)
         if hosts:
             attrs["hosts"] = ",".join(hosts)
         if state is AllocationState.running and "running_since" not in attrs:
             attrs["running_since"] = now.isoformat()
-        if state is not alloc.state or attrs != alloc.attrs:
-            await asyncio.to_thread(self.store.update_allocation, alloc.id, state=state, attrs=attrs,
+        # An allocation that ended stays live in the store until it is given back and booked (release, ended):
+        # a crash before that leaves it for the next poll, not for nobody.
+        recorded = alloc.state if state in ENDED else state
+        if recorded is not alloc.state or attrs != alloc.attrs:
+            await asyncio.to_thread(self.store.update_allocation, alloc.id, state=recorded, attrs=attrs,
                                     reason=reason or alloc.reason)
         alloc = alloc.model_copy(update={"attrs": attrs})
         if state is AllocationState.running and overdue(job, attrs, now):
-            await self.release(alloc, "max_duration exceeded", state=AllocationState.failed)
             try:
-                return (await self._move(
+                moved = (await self._move(
                     job.id, JobState.failed, f"max_duration {job.spec.max_duration} exceeded: stopped and released",
                     {"allocation": alloc.id, "exit_reason": "max_duration"}, {JobState.running})).state
             except ConflictError:
                 return None
+            await self.release(alloc, "max_duration exceeded", state=AllocationState.failed)
+            return moved
         if job.spec.burn_in and self.burn_in is not None and isinstance(
                 self.providers.get(alloc.provider), RunsBurnIn) and state in (
                 AllocationState.running, AllocationState.succeeded, AllocationState.failed):
@@ -360,9 +370,10 @@ class JobLifecycle:
             if state in (AllocationState.succeeded, AllocationState.failed):
                 # The command ended: the machines are idle from now on, whether the wrapper's status came back
                 # (``exit``) or the market only says it stopped (a Vast container that exited still bills until
-                # it is destroyed). Given back at this poll; its last log kept and its cost booked first.
+                # it is destroyed). The job ends first, then its machines are given back in this same poll (last
+                # log kept, cost booked): a crash in between leaves a finished job holding an allocation, which
+                # the next poll gives back and books — never a finished job taken for a preempted one.
                 ended = exit.describe() if exit is not None else reason or state.value
-                await self.release(alloc, f"the job's command ended ({ended})", state=state)
                 ok = state is AllocationState.succeeded
                 why = (f"finished: {exit.describe()}" if exit is not None else reason or "finished") if ok else (
                     f"failed: {exit.describe()}" if exit is not None else reason or "failed at provider")
@@ -370,8 +381,10 @@ class JobLifecycle:
                 if exit is not None:
                     data.update(exit_code=exit.exit_code, exit_reason=exit.reason.value, node=exit.rank,
                                 last_lines=exit.last_lines)
-                return (await self._move(job.id, JobState.succeeded if ok else JobState.failed, why, data,
-                                         {JobState.provisioning, JobState.running})).state
+                moved = (await self._move(job.id, JobState.succeeded if ok else JobState.failed, why, data,
+                                          {JobState.provisioning, JobState.running})).state
+                await self.release(alloc, f"the job's command ended ({ended})", state=state)
+                return moved
             if state is AllocationState.preempted:
                 return await self.requeue_preempted(job, alloc, reason or "preempted by the provider")
             if state is AllocationState.released:

@@ -6,7 +6,7 @@ document is generated from, so the two cannot drift apart.
 
 from __future__ import annotations
 
-import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +39,7 @@ from broker.api.schemas import (
     ProvidersReport,
     TokenCreated,
 )
-from broker.errors import ConflictError, SpecError
+from broker.errors import ConflictError, LockstepError, SpecError
 from broker.models import (
     GpuSummary,
     Job,
@@ -58,6 +58,7 @@ from broker.models import (
 )
 from broker.specs import parse_spec
 
+log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
@@ -178,8 +179,10 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
         async for ln in lines_in:
             await resp.write((ln.model_dump_json() + "\n").encode())
         await resp.write_eof()
-    except (ConnectionResetError, asyncio.CancelledError):
-        pass  # the client went away (or the server is stopping): nobody is left to read the rest
+    except ConnectionResetError:
+        pass  # the client went away: nobody is left to read the rest
+    except LockstepError as exc:  # once lines went out, an error can no longer be a status: the stream ends
+        log.warning("log stream of job %s ended early: %s", job_id, type(exc).__name__)
     finally:
         await lines_in.aclose()
     return resp

@@ -7,10 +7,10 @@ wrapper did. docs/runtime.md, "Logs".
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from broker.errors import NotFoundError, ProviderError
 from broker.models import TERMINAL_STATES, Allocation, AllocationState, Job, LogLine
@@ -21,19 +21,22 @@ from providers.runtime.logs import parse_log
 
 log = logging.getLogger(__name__)
 
-MAX_TAIL = 100_000
+LIVE = (AllocationState.pending, AllocationState.running, AllocationState.unknown)  # launched, not ended yet
 
 
 def merge(by_rank: dict[int, list[LogLine]]) -> list[LogLine]:
-    """Every node's lines in one list, by time (a line without a time keeps its place after the line before it
-    on its node); one node's lines keep their order."""
-    keyed = []
-    for rank, lines in by_rank.items():
-        last: datetime | None = None
-        for i, ln in enumerate(lines):
-            last = ln.at or last
-            keyed.append(((last.timestamp() if last else 0.0), rank, i, ln))
-    return [k[-1] for k in sorted(keyed, key=lambda k: k[:3])]
+    """Every node's lines in one list, by time; each node's own lines keep their order (a k-way merge: a line
+    without a time, or with a clock that went back, stays after the line before it on its node)."""
+
+    def keyed(rank: int, lines: list[LogLine]) -> list[tuple[float, int, LogLine]]:
+        out, last = [], 0.0
+        for ln in lines:
+            last = ln.at.timestamp() if ln.at is not None else last
+            out.append((last, rank, ln))
+        return out
+
+    runs = [keyed(rank, lines) for rank, lines in sorted(by_rank.items())]
+    return [ln for _, _, ln in heapq.merge(*runs, key=lambda k: (k[0], k[1]))]
 
 
 def _attempt_of(allocs: list[Allocation]) -> Allocation | None:
@@ -56,8 +59,7 @@ class LogsService(Runtime):
 
     async def _read(self, job: Job, alloc: Allocation, values: list[str]) -> dict[int, list[LogLine]]:
         """Each node's lines of ``alloc``: the kept copy once it has ended, else the market's."""
-        live = alloc.state not in (AllocationState.released, AllocationState.failed, AllocationState.succeeded,
-                                   AllocationState.preempted)
+        live = alloc.state in LIVE
         kept: dict[int, str] = {} if live else await self.db(self.store.archived_logs, alloc.id)
         if not kept:
             provider = self._providers.get(alloc.provider)
@@ -88,6 +90,10 @@ class LogsService(Runtime):
         markets each round (a CLI without a server: nothing else moves the job along).
         """
         job = await self.db(self.store.get_job, job_id, tenant)
+        alloc = _attempt_of(await self.db(self.store.allocations, job.id))
+        if alloc is not None and alloc.state in LIVE and not isinstance(self._providers.get(alloc.provider),
+                                                                         HasJobLogs):
+            raise NotFoundError(f"job {job.id}: its market ({alloc.provider}) serves no job logs")
         every = interval_s if interval_s is not None else min(self.settings.runtime.log_interval_s,
                                                                self.settings.broker.poll_interval_s)
         return self._follow(job, tenant, tail, every, drive)

@@ -237,7 +237,8 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs):
             detail = ", ".join(x for x in (job.state, reason, f"restarts={job.restart_count}") if x)
             return AllocationStatus(state=AllocationState.preempted, reason=f"{why} ({detail})", hosts=hosts)
         state = self._state(job)
-        if state in (AllocationState.running, AllocationState.succeeded, AllocationState.failed):
+        runs_wrapper = TOKEN_TAG in parse_comment(job.comment)  # a launch's job (not a burn-in probe)
+        if runs_wrapper and state in (AllocationState.running, AllocationState.succeeded, AllocationState.failed):
             nodes = max(job.node_count, alloc.nodes, 1)
             statuses = await self.files.statuses(where, nodes)
             end = job_exit(statuses, nodes)

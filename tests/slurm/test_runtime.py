@@ -264,6 +264,12 @@ async def test_a_node_whose_slurmd_dies_under_a_running_job_requeues_it_counted_
     job = await broker.submit(gpus=16, gpus_per_node=8, fabric="infiniband", command="echo up; sleep 600")
     alloc = await broker.place(job)
     job = await broker.poll_until(job.id, (JobState.running,), "the 2-node job running")
+    [rec] = await broker.svc.job_allocations(job.id)
+
+    async def both_logs() -> list[list[str]]:
+        return [out_lines(await broker.slurm.job_log(rec, rank=r), r) for r in (0, 1)]
+
+    await eventually(both_logs, lambda logs: logs == [["up"], ["up"]], "the command running on both nodes")
     nodes = slurm_cluster.cli("scontrol", "show", "hostnames",
                               slurm_job(slurm_cluster, alloc.resource_ids[0])["NodeList"]).split()
     victim = nodes[1]

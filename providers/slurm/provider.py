@@ -208,7 +208,7 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs):
         preemption with requeue)? Lockstep requeues the job itself instead, as a new attempt."""
         if job.state == "NODE_FAIL" or job.flags & _REQUEUED_FLAGS or job.state in _REQUEUED_FLAGS:
             return True
-        if job.state not in _PENDING_STATES:
+        if job.state != "PENDING":  # not SUSPENDED: a suspended job resumes where it was
             return False
         return job.restart_count > 0 or alloc.state is AllocationState.running
 

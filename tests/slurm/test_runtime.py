@@ -157,6 +157,22 @@ async def test_a_command_that_exits_3_fails_with_its_code_and_log_and_the_alloca
     assert not broker.where(job).manifest.exists()  # removed by the batch script once srun ended
 
 
+async def test_max_duration_stops_the_command_fails_the_job_with_that_reason_and_caps_slurms_limit(
+    broker: SlurmBroker, slurm_cluster: SlurmCluster
+) -> None:
+    job = await broker.submit(command="echo started; sleep 120", max_duration="2s")
+    alloc = await broker.place(job)
+    info = slurm_job(slurm_cluster, alloc.resource_ids[0])
+    assert info["TimeLimit"] == "00:03:00", info  # 2 s + 2 s grace + 2 min margin: Slurm's backstop
+    job = await broker.poll_until(job.id, (JobState.failed, JobState.succeeded), "the job ended")
+    assert job.state is JobState.failed and "max_duration" in job.reason, job.reason
+    assert ended_event(job).data["exit_reason"] == "max_duration" and ended_event(job).data["exit_code"] == 143
+    [rec] = await broker.svc.job_allocations(job.id)
+    assert rec.state is AllocationState.failed
+    assert "max_duration of 2 s reached" in await broker.slurm.job_log(rec)
+    assert slurm_job(slurm_cluster, alloc.resource_ids[0])["JobState"] == "FAILED"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

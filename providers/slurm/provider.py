@@ -208,9 +208,11 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs):
         preemption with requeue)? Lockstep requeues the job itself instead, as a new attempt."""
         if job.state == "NODE_FAIL" or job.flags & _REQUEUED_FLAGS or job.state in _REQUEUED_FLAGS:
             return True
+        if job.restart_count > 0 and not job.finished:
+            return True  # Slurm's rerun of this attempt (its own requeue): Lockstep's next attempt replaces it
         if job.state != "PENDING":  # not SUSPENDED: a suspended job resumes where it was
             return False
-        return job.restart_count > 0 or alloc.state is AllocationState.running
+        return alloc.state is AllocationState.running
 
     async def poll(self, alloc: Allocation) -> AllocationStatus:
         """The job's state from Slurm, and how its command ended from the wrapper's status files.

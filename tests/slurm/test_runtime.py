@@ -24,6 +24,7 @@ import pytest
 
 from broker.config import BrokerConfig, RuntimeConfig, SecretsConfig, Settings, SlurmConfig
 from broker.models import Allocation, AllocationState, Job, JobState
+from broker.reconcile import reconcile
 from broker.service import Lockstep
 from broker.specs import parse_spec
 from broker.store import Store
@@ -82,10 +83,21 @@ class SlurmBroker:
             db_url=f"sqlite:///{self.db_path}", broker=BrokerConfig(installation=installation),
             secrets=SecretsConfig(files={"hf-prod": str(secret_file)}),
             runtime=RuntimeConfig(log_interval_s=0.3, grace_s=2))
-        self.slurm = SlurmProvider(self.config, installation=installation)
+        self.svc = self._service()
+
+    def _service(self) -> Lockstep:
+        self.slurm = SlurmProvider(self.config, installation=self.installation)
         store = Store(self.settings.db_url)
         store.migrate()
-        self.svc = Lockstep(self.settings, providers={"slurm": self.slurm}, store=store)
+        return Lockstep(self.settings, providers={"slurm": self.slurm}, store=store)
+
+    async def restart(self) -> None:
+        """The broker process dies and a new one starts on the same database; start-up reconciliation."""
+        await self.svc.aclose()
+        self.svc = self._service()
+        await self.svc.refresh()
+        report = await reconcile(self.svc.store, self.svc.market.providers, lifecycle=self.svc.broker.lifecycle)
+        assert not report.unreachable and not report.requeued, report
 
     async def submit(self, **spec: Any) -> Job:
         data: dict[str, Any] = {"name": "rt", "gpu": "H100", "gpus": 1, "providers": ["slurm"],
@@ -173,6 +185,20 @@ async def test_max_duration_stops_the_command_fails_the_job_with_that_reason_and
     assert slurm_job(slurm_cluster, alloc.resource_ids[0])["JobState"] == "FAILED"
 
 
+async def test_an_attempt_that_ended_while_the_broker_was_down_is_seen_ended_after_the_restart(
+    broker: SlurmBroker, slurm_cluster: SlurmCluster
+) -> None:
+    job = await broker.submit(command="echo bye; exit 7")
+    alloc = await broker.place(job)
+    await broker.svc.aclose()  # the broker goes down; the job runs on, and ends
+    await eventually(lambda: _async(slurm_job(slurm_cluster, alloc.resource_ids[0])["JobState"]),
+                     lambda s: s == "FAILED", "the Slurm job ended")
+    await broker.restart()  # reconciliation requeues nothing (asserted inside)
+    job = await broker.poll_until(job.id, (JobState.failed, JobState.succeeded), "the end seen")
+    assert job.state is JobState.failed and job.preemptions == 0 and job.attempts == 1, job.reason
+    assert ended_event(job).data["exit_code"] == 7
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -199,6 +225,21 @@ async def test_two_nodes_see_one_rendezvous_and_meet_at_a_tcp_barrier(
         assert logs[r][0] == f"rdzv {r} 2 127.0.0.1 127.0.0.1,127.0.0.1 127.0.0.1 {port} 8 {nodes[r]}", logs
     assert logs[0][1:] == ["barrier passed: 1"] and logs[1][1:] == ["barrier passed"]
     assert slurm_job(slurm_cluster, alloc.resource_ids[0])["JobState"] == "COMPLETED"
+
+
+async def test_a_node_whose_command_fails_ends_the_attempt_and_the_other_node_is_given_back(
+    broker: SlurmBroker, slurm_cluster: SlurmCluster
+) -> None:
+    job = await broker.submit(gpus=16, gpus_per_node=8, fabric="infiniband",
+                              command='if [ "$LOCKSTEP_NODE_RANK" = 1 ]; then echo boom; exit 5; fi; sleep 300')
+    alloc = await broker.place(job)
+    job = await broker.poll_until(job.id, (JobState.failed, JobState.succeeded), "the job ended")
+    assert job.state is JobState.failed, job.reason
+    event = ended_event(job)
+    assert (event.data["exit_code"], event.data["node"], event.data["last_lines"][-1]) == (5, 1, "boom")
+    # Rank 0 still ran: the lifecycle gave the allocation back at once.
+    await eventually(lambda: _async(slurm_job(slurm_cluster, alloc.resource_ids[0])["JobState"]),
+                     lambda s: s == "CANCELLED", "the rest of the Slurm job cancelled")
 
 
 async def test_env_files_and_a_secret_reach_the_command_and_the_secret_appears_nowhere_else(

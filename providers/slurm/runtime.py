@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import SlurmConfig
+from broker.errors import BadRequestError
 from broker.models import ExitReason, JobExit
 from providers.runtime.logs import parse_log, parse_status
 from providers.runtime.manifest import RunRequest, build_manifest, wrapper_source
@@ -215,7 +216,11 @@ class JobFiles:
     async def stage(self, run: RunRequest) -> AttemptDir:
         where = self.where(run.job_id, run.attempt)
         manifest = slurm_manifest(run, where, self.config.container_runtime)
-        await asyncio.to_thread(self._stage, where, manifest)
+        try:
+            await asyncio.to_thread(self._stage, where, manifest)
+        except OSError as exc:  # a job directory the broker cannot write: configuration, not capacity
+            raise BadRequestError("slurm", f"slurm.job_dir: cannot write {where.path} "
+                                           f"({exc.strerror or type(exc).__name__})", "job_dir") from None
         return where
 
     @staticmethod

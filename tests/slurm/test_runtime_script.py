@@ -20,6 +20,7 @@ from providers.runtime.wrapper import command_argv
 from providers.slurm import SlurmProvider
 from providers.slurm.runtime import (
     AttemptDir,
+    JobFiles,
     batch_script,
     exit_without_status,
     pyxis_image,
@@ -120,3 +121,12 @@ async def test_a_host_only_pool_refuses_an_image_job_before_any_request(tmp_path
         with pytest.raises(BadRequestError, match="no container runtime"):
             await p.launch(LaunchRequest(job_id="job-1", spec=spec, offer=offer, nodes=1, installation="lab"))
     assert not any(tmp_path.iterdir())  # nothing staged  # noqa: ASYNC240 (a tmp dir, once)
+
+
+async def test_a_job_dir_the_broker_cannot_write_is_a_clear_configuration_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    cfg = SlurmConfig(enabled=True, url="http://127.0.0.1:9", token=SecretStr("x"), job_dir=str(blocker / "jobs"))
+    files = JobFiles(cfg, "lab")
+    with pytest.raises(BadRequestError, match=r"slurm\.job_dir: cannot write"):
+        await files.stage(run(secrets={"HF_TOKEN": SecretStr("s3cr3t-value")}))

@@ -7,18 +7,18 @@ market — (provider, zone or region, SKU) — over the week before a job's subm
 - a spot allocation that ran: spot could be had from ``running_since`` to its end;
 - a spot allocation preempted (or gone at the provider): spot went at its last update;
 - a spot launch refused for capacity (a failed intent whose ``error_kind`` is ``capacity``): gone then;
-- a marketplace's spot price point with an offer count (the tracker's summaries): up when it
-  listed offers, gone when it listed none. Points without a count (a cloud's spot price history,
-  published whether or not capacity is there) say nothing about availability.
+- between observations, a market is as it was last seen.
 
-Nothing observed: the plan's prior alone. The simulator's ``lockstep`` learns the same model
-from a recorded trace (broker/simulate/deadline.py); ``policies.spot.observed_market`` is the
-one place both meet.
+Price points say nothing about availability: a cloud publishes its spot price whether or not
+capacity is there, and the store keeps a point only when the price changes (not when a
+marketplace's offer count does). Nothing observed: the plan's prior alone.
+
+The simulator's ``lockstep`` learns the same model from a recorded trace (broker/simulate/deadline.py);
+``policies.spot.observed_market`` is where the broker's observations become that model.
 """
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from broker.store import Store
 
 GAP_SECONDS = 360.0  # one interval of a market's history: the plan's default step (0.1 h)
-CACHE_S = 5.0  # a market's observations are read at most this often (a placement pass shares them)
+CACHE_S = 5.0  # a market's observations are read at most this often, on the broker's clock (a pass shares them)
 
 MarketKey = tuple[str, str, str]  # (provider, zone or region, sku)
 
@@ -66,26 +66,18 @@ class SpotMarkets:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._cache: dict[tuple[MarketKey, datetime], tuple[float, list[Observation]]] = {}
+        self._cache: dict[tuple[MarketKey, datetime], tuple[datetime, list[Allocation]]] = {}
 
     def observations(self, key: MarketKey, since: datetime, now: datetime) -> list[Observation]:
         """Blocking (store reads): call it off the event loop."""
         day = since.replace(hour=0, minute=0, second=0, microsecond=0)  # one read serves a day of submissions
         cached = self._cache.get((key, day))
-        if cached is not None and time.monotonic() - cached[0] < CACHE_S:
-            return cached[1]
-        provider, where, sku = key
-        obs = allocation_observations(self.store.provider_allocations(provider, day), key, now)
-        for field in ("zone", "region"):
-            points = self.store.price_history(provider=provider, market=Market.spot, sku=sku, since=day,
-                                              **{field: where})
-            obs += [Observation(p.at, p.at, p.count > 0) for p in points if p.count is not None]
-            if points:
-                break
-        if len(self._cache) > 256:
-            self._cache.clear()
-        self._cache[(key, day)] = (time.monotonic(), obs)
-        return obs
+        if cached is None or not timedelta(0) <= now - cached[0] < timedelta(seconds=CACHE_S):
+            if len(self._cache) > 256:
+                self._cache.clear()
+            cached = (now, self.store.provider_allocations(key[0], day))
+            self._cache[(key, day)] = cached
+        return allocation_observations(cached[1], key, now)
 
     def market(self, option: QuoteOption, *, submitted: datetime, deadline: datetime, now: datetime) -> SpotMarket:
         """The spot plan's view of ``option``'s market for a job submitted at ``submitted``. Blocking."""

@@ -112,7 +112,7 @@ def progress_hours(allocations: Iterable[Allocation], now: datetime, *, restart_
 
     Each allocation counts from ``attrs["running_since"]`` to its end (its last update once it
     ended, ``now`` while it runs), less the restart it began with; a preempted one also loses
-    half a checkpoint interval of work. Allocations that never ran count nothing.
+    half a checkpoint interval of work. Allocations that never ran count nothing. Whole seconds.
     """
     total = 0.0
     for a in allocations:
@@ -125,7 +125,7 @@ def progress_hours(allocations: Iterable[Allocation], now: datetime, *, restart_
         if a.state is AllocationState.preempted:
             kept = max(0.0, kept - checkpoint_minutes / 120.0)
         total += kept
-    return total
+    return round(total * 3600.0) / 3600.0  # to the second, as the simulator counts
 
 
 def decide(

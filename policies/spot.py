@@ -194,9 +194,8 @@ def spot_market(series: Sequence[bool] | np.ndarray, gap_seconds: float, *, subm
 class Observation:
     """One thing seen of a spot market: spot could be had over ``[start, end]`` (``up``), or could not at ``start``.
 
-    What the live broker has seen (docs/simulation.md, *Live hooks*): a spot allocation running
-    (up over its run), a spot launch refused for capacity or an allocation preempted (down at
-    that moment), a marketplace listing its spot offers (up; none listed: down).
+    What the live broker has seen (broker/spot_markets.py): a spot allocation running (up over
+    its run), a spot launch refused for capacity or an allocation preempted (down at that moment).
     """
 
     start: datetime

@@ -31,7 +31,7 @@ import numpy as np
 from broker.errors import SpecError
 from broker.models import Fabric, JobSpec, Market, QuoteOption, Workload
 from broker.simulate.traces import SpotTrace
-from policies.placement import Situation, candidates, decide, rebalance
+from policies.placement import Decision, Situation, candidates, decide, rebalance
 from policies.spot import SpotMarket, availability_model, current_run, model_span, plan_step_hours
 
 
@@ -351,9 +351,12 @@ class Lockstep:
 
     name = "lockstep"
 
-    def __init__(self, history: np.ndarray | Sequence[bool] = (), gap: int | None = None) -> None:
+    def __init__(self, history: np.ndarray | Sequence[bool] = (), gap: int | None = None, *,
+                 record: bool = False) -> None:
         self.history = np.asarray(history, dtype=bool)
         self.history_gap = gap
+        # record: keep every call — (tick, "decide" or "rebalance", its situation, its decision) — for tests
+        self.calls: list[tuple[int, str, Situation, Decision]] | None = [] if record else None
 
     def start(self, job: JobSeconds, gap: int) -> None:
         self.job, self.gap = job, gap
@@ -388,10 +391,15 @@ class Lockstep:
             return Mode.spot
         situation = self.situation(step, market)
         if step.mode is Mode.on_demand:
-            if not rebalance(self.spec, self.options, **situation).allow_spot:
+            move = rebalance(self.spec, self.options, **situation)
+            if self.calls is not None:
+                self.calls.append((step.tick, "rebalance", situation, move))
+            if not move.allow_spot:
                 return Mode.on_demand
             # released: placed again at once, as a pending job
         decision = decide(self.spec, self.options, max_queue_wait_hours=4.0, **situation)
+        if self.calls is not None:
+            self.calls.append((step.tick, "decide", situation, decision))
         return _launch(candidates(self.options, decision), step.available)
 
 

@@ -249,6 +249,8 @@ class JobLifecycle:
         event) expects spot. Not a preemption: nothing is counted. None when the release failed (the job keeps
         running; the next rebalance tries again) or another writer moved the job first."""
         now = self.clock()
+        if (await asyncio.to_thread(self.store.get_allocation, alloc.id)).state is not AllocationState.running:
+            return None  # another writer (a replica's rebalance, a poll) got to it first
         spent = job.spent_usd + run_cost(alloc, alloc.attrs, now)
         await self.release(alloc, "rebalanced: moving the job from on-demand to spot")
         current = await asyncio.to_thread(self.store.get_allocation, alloc.id)

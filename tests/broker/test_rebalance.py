@@ -1,5 +1,7 @@
-"""The broker's rebalance step (``BrokerLoops.rebalance_running``): a running on-demand job moves back to spot when
-the spot plan says so — break before make, through the lifecycle — against moto's EC2 on loopback.
+"""The spot plan's decision points in the live broker, against moto's EC2 on loopback (spot launches refused by the
+fault proxy when the market is gone): the rebalance step (``BrokerLoops.rebalance_running``) moves a running
+on-demand job back to spot when the plan says so — break before make, through the lifecycle — and a placement that
+waits for spot leaves the job pending rather than on on-demand.
 
 The spot market's history is what the broker itself saw (broker/spot_markets.py): spot instances of an earlier job
 in the same zone and instance type, up and preempted through a week (the runs of a recorded trace), and gone for
@@ -156,3 +158,27 @@ async def test_on_demand_job_moves_back_to_spot_when_spot_returns(broker, aws_fa
     live = [a for a in await svc.job_allocations(job.id) if a.state in (AllocationState.pending,
                                                                           AllocationState.running)]
     assert len(live) == 1 and live[0].attrs["market"] == Market.spot.value
+
+
+async def test_job_with_slack_waits_for_spot_and_is_placed_when_it_returns(broker, aws_faults) -> None:
+    svc, _, _ = broker
+    spec = parse_spec({**SPEC, "name": "patient", "workload": {"hours": 10},
+                       "deadline": (START + timedelta(hours=14)).isoformat()})
+    aws_faults.fail("RunInstances", "InsufficientInstanceCapacity", market="spot")
+    job = await svc.submit(spec)
+    for _ in range(2):  # two rounds: every spot try refused, and no on-demand tried
+        await svc.place_now([job.id])
+        job = await svc.get_job(job.id)
+        assert job.state is JobState.pending, job.reason
+        assert job.decision["allow_spot"] is True and job.decision["on_demand_fallback"] is False, job.decision
+    assert all(a.attrs["market"] == Market.spot.value and a.state is AllocationState.failed
+               for a in await svc.job_allocations(job.id))
+    rounds = [e for e in job.events if e.from_state is JobState.placing and e.to_state is JobState.pending]
+    assert len(rounds) == 2 and all(e.data["waits_for_spot"] and e.data["tries"] for e in rounds)
+    wait = await svc.broker.lifecycle.placement_wait(job)
+    assert wait.rounds == 0  # waiting for spot is no failed round: placement_rounds does not end the job
+
+    aws_faults.clear()
+    await svc.place_now([job.id])
+    job = await svc.get_job(job.id)
+    assert job.state is JobState.provisioning and job.placement.market is Market.spot, job.reason

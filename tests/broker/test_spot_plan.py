@@ -20,7 +20,6 @@ from broker.router import Router
 from broker.simulate.deadline import EPOCH, DeadlineJob, Lockstep, Mode, _options, _sim_spec, simulate
 from broker.spot_markets import GAP_SECONDS
 from broker.store import Store
-from policies.placement import progress_hours
 from policies.spot import Observation, availability_series
 
 GAP = int(GAP_SECONDS)
@@ -83,7 +82,10 @@ def test_the_live_router_decides_as_the_simulator(store: Store) -> None:
     decides = [c for c in policy.calls if c[1] == "decide"]
     assert moves and stays and decides  # this trace exercises every decision point, and a move back to spot
     after_move = [c for c in decides if c[0] in {m[0] for m in moves}]
-    picks = moves + stays[:2] + after_move + decides[:3] + decides[-2:]
+    preempted_at = [seg.end for seg in result.segments[:-1] if seg.mode is Mode.spot]
+    after_preemption = [next(c for c in decides if c[0] * GAP >= end) for end in preempted_at]
+    assert after_preemption  # the trace preempts the job, and the next placement decides again
+    picks = moves + stays[:2] + after_move + after_preemption + decides[:3] + decides[-2:]
 
     # The market as the broker saw it: spot instances of another job that ran through each run of the
     # trace and were preempted at its end (the broker's own observations of that market).
@@ -123,13 +125,6 @@ def test_the_live_router_decides_as_the_simulator(store: Store) -> None:
         assert (got.route, got.allow_spot, got.on_demand_fallback, got.reason) == (
             sim_decision.route, sim_decision.allow_spot, sim_decision.on_demand_fallback, sim_decision.reason), (
             kind, tick, got, sim_decision, live, sim_situation)
-
-
-def test_progress_of_a_job_is_read_from_its_allocations(store: Store) -> None:
-    job, _ = store.create_job(Job(id="p", spec=_sim_spec(DeadlineJob(2, 5, 0.2, 0.9, 3.06).seconds()),
-                                  created_at=EPOCH, updated_at=EPOCH))
-    allocs = store.allocations(job.id)
-    assert progress_hours(allocs, EPOCH, restart_minutes=12, checkpoint_minutes=1) == 0.0
 
 
 def test_waiting_for_spot_is_not_a_failed_round() -> None:

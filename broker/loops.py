@@ -172,22 +172,30 @@ class BrokerLoops:
         held = await self.router.held_offers()
         moved: list[Job] = []
         for alloc in on_demand:
-            job = await asyncio.to_thread(self.store.get_job, alloc.job_id)
-            if job.state is not JobState.running or not job.spec.interruptible or self.router.deadline(job) is None:
+            try:
+                requeued = await self._rebalance_one(alloc, now, unhealthy, held)
+            except Exception:  # one job's trouble (gone meanwhile, a store error) must not stop the others
+                log.exception("rebalancing the job of %s", alloc.id)
                 continue
-            _, options = self.router.rank(job, now, unhealthy, held)
-            situation = await asyncio.to_thread(self.router.situation, job, options, now)
-            decision = rebalance(job.spec, options, **situation)
-            if not decision.allow_spot:
-                continue
-            log.info("job %s: %s", job.id, decision.reason)
-            requeued = await self.lifecycle.rebalance_to_spot(job, alloc, decision.as_dict())
             if requeued is not None:
-                self._retry_at.pop(job.id, None)
+                self._retry_at.pop(requeued.id, None)
                 moved.append(requeued)
         if moved:
             self.wake.set()
         return moved
+
+    async def _rebalance_one(self, alloc: Allocation, now: datetime, unhealthy: dict[tuple[str, str], str],
+                             held: set[str]) -> Job | None:
+        job: Job = await asyncio.to_thread(self.store.get_job, alloc.job_id)
+        if job.state is not JobState.running or not job.spec.interruptible or self.router.deadline(job) is None:
+            return None
+        _, options = self.router.rank(job, now, unhealthy, held)
+        situation = await asyncio.to_thread(self.router.situation, job, options, now)
+        decision = rebalance(job.spec, options, **situation)
+        if not decision.allow_spot:
+            return None
+        log.info("job %s: %s", job.id, decision.reason)
+        return await self.lifecycle.rebalance_to_spot(job, alloc, decision.as_dict())
 
     async def rebalance_periodic(self) -> None:
         if self.settings.broker.rebalance_interval_s > 0:

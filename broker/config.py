@@ -225,6 +225,11 @@ class BrokerConfig(_Section):
     # (0: no limit); a job with its own deadline waits until that deadline instead.
     placement_rounds: int = Field(default=30, ge=0)
     placement_timeout_s: float = Field(default=86400.0, ge=0)
+    # The spot plan (docs/simulation.md): the time a (re)started job loses before it makes progress
+    # again (boot, setup, restore its checkpoint), and how often a running on-demand job is offered a
+    # move back to spot (0: never).
+    restart_minutes: float = Field(default=10.0, ge=0)
+    rebalance_interval_s: float = Field(default=60.0, ge=0)
 
 
 class TrackerConfig(_Section):

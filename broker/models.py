@@ -138,8 +138,8 @@ ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
         {JobState.running, JobState.failed, JobState.cancelled, JobState.preempted, JobState.pending,
          JobState.succeeded}
     ),
-    JobState.running: frozenset(
-        {JobState.succeeded, JobState.failed, JobState.cancelled, JobState.preempted}
+    JobState.running: frozenset(  # → pending: moved off on-demand to be placed on spot (a rebalance)
+        {JobState.succeeded, JobState.failed, JobState.cancelled, JobState.preempted, JobState.pending}
     ),
     JobState.preempted: frozenset({JobState.pending, JobState.failed, JobState.cancelled}),
     JobState.succeeded: frozenset(),

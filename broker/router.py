@@ -46,6 +46,7 @@ from broker.models import (
     AllocationState,
     Job,
     JobState,
+    Market,
     Offer,
     OfferSource,
     Quote,
@@ -53,9 +54,10 @@ from broker.models import (
     utcnow,
 )
 from broker.secrets import SecretSources
+from broker.spot_markets import SpotMarkets
 from broker.store import LIVE_STATES
 from policies.book import DEFAULT_SPOT_PREEMPTIONS_PER_HOUR
-from policies.placement import Decision, candidates, decide
+from policies.placement import DECISION_INTERVAL_HOURS, Decision, Situation, candidates, decide, progress_hours
 from policies.ranking import quote as rank_quote
 from providers.base import LaunchRequest
 from providers.capabilities import Launches, RunsBurnIn
@@ -129,6 +131,7 @@ class Router:
         self._taken: set[str] = set()  # single-unit offers launched on since the last refresh
         self._taken_at: datetime | None = None
         self._held: tuple[float, set[str]] | None = None  # (monotonic time read, offer ids)
+        self.spot_markets = SpotMarkets(store)
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -212,12 +215,31 @@ class Router:
                               f"its cap of {tenant.max_gpus}")
         return left, ""
 
-    def decide(self, job: Job, options: list[QuoteOption], now: datetime, budget_left: float | None) -> Decision:
+    def deadline(self, job: Job) -> datetime | None:
+        return job.deadline or job.spec.deadline_at(job.created_at)
+
+    def situation(self, job: Job, options: Sequence[QuoteOption], now: datetime) -> Situation:
+        """Where the job stands, as the spot plan weighs it: the progress it kept, the market of its first spot
+        option (what the broker observed of it), the restart time and the decision interval. Blocking
+        (store reads): call it off the event loop. The simulator passes the same (broker/simulate/deadline.py)."""
+        done = progress_hours(self.store.allocations(job.id), now, restart_minutes=self.settings.broker.restart_minutes,
+                              checkpoint_minutes=job.spec.checkpoint_minutes)
+        deadline = self.deadline(job)
+        spot = next((o for o in options if o.market is Market.spot), None)
+        market = None
+        if spot is not None and deadline is not None and job.spec.interruptible:
+            market = self.spot_markets.market(spot, submitted=job.created_at, deadline=deadline, now=now)
+        return Situation(now=now, deadline=deadline, done_hours=done, spot_market=market,
+                         restart_minutes=self.settings.broker.restart_minutes,
+                         decision_interval_hours=DECISION_INTERVAL_HOURS)
+
+    def decide(self, job: Job, options: list[QuoteOption], situation: Situation,
+               budget_left: float | None) -> Decision:
+        """``policies.placement.decide`` for a job waiting to be placed (new, requeued, or waiting for spot)."""
         spot_rates = list(self.preemption_rates().values()) or [DEFAULT_SPOT_PREEMPTIONS_PER_HOUR]
         return decide(
-            job.spec, options, now=now, deadline=job.deadline or job.spec.deadline_at(job.created_at),
-            max_queue_wait_hours=self.settings.broker.max_queue_wait_hours, budget_left_usd=budget_left,
-            preemptions_per_hour=sum(spot_rates) / len(spot_rates),
+            job.spec, options, max_queue_wait_hours=self.settings.broker.max_queue_wait_hours,
+            budget_left_usd=budget_left, preemptions_per_hour=sum(spot_rates) / len(spot_rates), **situation,
         )
 
     # ------------------------------------------------------------------ placing
@@ -241,7 +263,8 @@ class Router:
                 return await self.back_to_pending(
                     job, f"budget: no option fits the ${budget_left:,.2f} left of tenant {job.tenant}'s budget",
                     [], {"budget_left_usd": round(budget_left, 2)})
-        decision = self.decide(job, options, now, budget_left)
+        situation = await self._db(self.situation, job, options, now)
+        decision = self.decide(job, options, situation, budget_left)
         tries_allowed = self.settings.broker.max_launch_tries
         cands = candidates(options, decision)
         if not cands:
@@ -338,7 +361,7 @@ class Router:
                 self._taken.discard(offer.id)  # not gone, just not launched: others may try it
             failed = LaunchTry(offer_id=opt.offer_id, provider=opt.provider, sku=opt.sku, zone=opt.zone,
                                market=opt.market.value, error=str(exc)[:300], kind=error_kind(exc))
-            if not await self._fail_intent(alloc, str(exc)[:500]):
+            if not await self._fail_intent(alloc, str(exc)[:500], failed.kind):
                 return await self._decided_elsewhere(job, alloc, [*tries, failed])
             if self.on_placed:
                 self.on_placed(opt.provider, failed.kind)
@@ -388,11 +411,12 @@ class Router:
             self.on_placed(opt.provider, "placed")
         return PlacementResult(placed, True, placed.reason, list(tries))
 
-    async def _fail_intent(self, alloc: Allocation, reason: str) -> bool:
-        """Record a failed launch over its intent; False when a reconcile decided on the intent first."""
+    async def _fail_intent(self, alloc: Allocation, reason: str, kind: str = "error") -> bool:
+        """Record a failed launch over its intent (``kind``: :func:`error_kind`, kept in its attrs: a spot market's
+        history counts capacity refusals); False when a reconcile decided on the intent first."""
         try:
             await self._db(self.store.update_allocation, alloc.id, expected={AllocationState.intent},
-                           state=AllocationState.failed, reason=reason)
+                           state=AllocationState.failed, reason=reason, attrs={**alloc.attrs, "error_kind": kind})
         except ConflictError:
             return False
         return True

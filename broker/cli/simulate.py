@@ -39,8 +39,7 @@ def deadline(
     changeover_hours: Annotated[float, typer.Option("--changeover-hours", help="Delay of every (re)start, hours.")],
     spot_price: Annotated[float, typer.Option("--spot-price", help="Spot USD per hour.")],
     ondemand_price: Annotated[float, typer.Option("--ondemand-price", help="On-demand USD per hour.")],
-    policy: Annotated[str, typer.Option("--policy", help="ondemand | greedy | uniform-progress | lockstep | "
-                                                         "lockstep-today | optimal")],
+    policy: Annotated[str, typer.Option("--policy", help="ondemand | greedy | uniform-progress | lockstep | optimal")],
     start_hour: Annotated[float, typer.Option("--start-hour", help="Submission, hours into the trace.")] = 0.0,
     json_out: JsonOpt = False,
 ) -> None:

@@ -318,6 +318,11 @@ SecretName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
 FilePath = Annotated[str, Field(max_length=512), AfterValidator(_clean_text), AfterValidator(_file_path)]
 
 
+# JSON true/false only: 0, 1 or "yes" for a flag is a mistake the schema says is one (YAML's yes/no are
+# already booleans when the file is read).
+SpecBool = Annotated[bool, Strict()]
+
+
 class SpecModel(BaseModel):
     """Base of the models users write: unknown fields are errors, numbers are finite, text is clean."""
 
@@ -433,11 +438,11 @@ class JobSpec(SpecModel):
     deadline: datetime | None = None
     deadline_in: str | None = Field(default=None, max_length=64,
                                     description="deadline relative to submission, e.g. 48h")
-    interruptible: bool = Field(default=False, description="tolerates preemption (checkpoints and resumes)")
+    interruptible: SpecBool = Field(default=False, description="tolerates preemption (checkpoints and resumes)")
     checkpoint_minutes: float = Field(default=30.0, gt=0, le=1e6)
     min_reliability: float = Field(default=0.0, ge=0, le=1)
-    onprem_only: bool = False
-    cloud_ok: bool = True
+    onprem_only: SpecBool = False
+    cloud_ok: SpecBool = True
     runtime: Runtime | None = Field(
         default=None, description="GPU software stack the image needs: cuda (NVIDIA), rocm (AMD) or any; "
         "default: read from the image name, or from the GPU models when no image is given",
@@ -468,7 +473,7 @@ class JobSpec(SpecModel):
                            description="the port of the multi-node rendezvous (LOCKSTEP_RDZV_PORT)")
     disk_gb: float = Field(default=100.0, ge=0, le=1e7)
     labels: dict[Text64, Text256] = Field(default_factory=dict, max_length=64)
-    burn_in: bool = Field(
+    burn_in: SpecBool = Field(
         default=False,
         description="on Slurm, run the node probe before the command; an unhealthy node is drained and the job "
         "placed elsewhere",
@@ -934,8 +939,11 @@ class Tenant(BaseModel):
 
 
 class Role(StrEnum):
-    user = "user"
-    admin = "admin"
+    """What a bearer token may do (the API's table of routes and roles: docs/api.md)."""
+
+    user = "user"  # its tenant's jobs; quotes, offers, prices, providers
+    admin = "admin"  # everything
+    metrics = "metrics"  # GET /metrics only: what a Prometheus scraper holds
 
 
 class TokenInfo(BaseModel):

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from broker.api import examples
+from broker.api.examples import NOT_READY, by_model, cancelled_job, error
 from broker.api.handlers import ERROR_MODEL, HTML, NO_CONTENT, ROUTES, TEXT, Route
 from broker.models import Role
 
@@ -110,7 +110,7 @@ def _error(status: int) -> dict[str, Any]:
     resp: dict[str, Any] = {
         "description": _ERROR_TEXT.get(status, "Error"),
         "content": {"application/json": {"schema": {"$ref": REF.format(model=ERROR_MODEL.__name__)},
-                                         "example": examples.error(status)}},
+                                         "example": error(status)}},
     }
     if status in _ERROR_HEADERS:
         resp["headers"] = _ERROR_HEADERS[status]
@@ -135,7 +135,7 @@ def _example(tp: Any, status: int = 200) -> Any:
         inner = _example(typing.get_args(tp)[0])
         return None if inner is None else [inner]
     model = _model_of(tp)
-    return None if model is None else examples.by_model().get(model)
+    return None if model is None else by_model().get(model)
 
 
 def _who(r: Route, public_docs: bool) -> str:
@@ -145,7 +145,16 @@ def _who(r: Route, public_docs: bool) -> str:
     return "Tokens with the role " + " or ".join(names) + "."
 
 
-def build_openapi(routes: tuple[Route, ...] = ROUTES, version: str = "0.1.0", *,
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lockstep")
+    except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+        return "0.1.0"
+
+
+def build_openapi(routes: tuple[Route, ...] = ROUTES, version: str | None = None, *,
                   public_docs: bool = True) -> dict[str, Any]:
     key_map, top = models_json_schema(_collect(routes), ref_template=REF)
     defs: dict[str, Any] = top.get("$defs", {})
@@ -171,9 +180,9 @@ def build_openapi(routes: tuple[Route, ...] = ROUTES, version: str = "0.1.0", *,
                 responses[str(status)] = {"description": "OK", "content": {"text/html": {"schema": {"type": "string"}}}}
             else:
                 media: dict[str, Any] = {"schema": _schema_for(tp, "serialization", key_map)}
-                example = examples.NOT_READY if status == 503 else _example(tp)
+                example = NOT_READY if status == 503 else _example(tp)
                 if r.handler.__name__ == "cancel_job":
-                    example = examples.cancelled_job()
+                    example = cancelled_job()
                 if example is not None:
                     media["example"] = example
                 responses[str(status)] = {"description": "Not ready" if status >= 500 else "OK",
@@ -195,7 +204,7 @@ def build_openapi(routes: tuple[Route, ...] = ROUTES, version: str = "0.1.0", *,
         paths.setdefault(r.path, {})[r.method.lower()] = op
     return {
         "openapi": "3.1.0",
-        "info": {"title": "Lockstep API", "version": version,
+        "info": {"title": "Lockstep API", "version": version or _package_version(),
                  "description": "GPU marketplace broker and job router. Every route but /healthz, "
                                 "/readyz (and, unless api.public_docs is false, /openapi.json and /docs) "
                                 "needs a bearer token, whose role (user, admin, metrics) says which "

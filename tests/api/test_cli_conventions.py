@@ -61,17 +61,24 @@ def test_version() -> None:
     assert r.stdout.strip() == f"lockstep {version('lockstep')}"
 
 
-def test_shell_completion_shows_installs_and_completes(tmp_path: Path) -> None:
-    shown = run("--show-completion", "bash")
-    assert shown.returncode == 0, shown.stderr
-    assert "_LOCKSTEP_COMPLETE=complete_bash" in shown.stdout and "complete " in shown.stdout
+def in_bash(args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    """`lockstep ARGS` started from bash, as a user types it: typer detects the shell from its parent."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
+    env.update(HOME=str(home), SHELL="/bin/bash")
+    # "; true": bash must not exec the command in its own place (it would no longer be the parent).
+    return subprocess.run(["bash", "-c", f"{sys.executable} -m broker {args}; true"], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=ROOT)
 
+
+def test_shell_completion_shows_installs_and_completes(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    installed = run("--install-completion", "bash", env={"HOME": str(home), "SHELL": "/bin/bash"})
-    assert installed.returncode == 0, installed.stderr
-    assert "_LOCKSTEP_COMPLETE" in (home / ".bashrc").read_text() + "".join(
-        p.read_text() for p in home.rglob("*") if p.is_file())
+    shown = in_bash("--show-completion", home)
+    assert "_LOCKSTEP_COMPLETE=complete_bash" in shown.stdout and "complete " in shown.stdout, shown.stderr
+
+    installed = in_bash("--install-completion", home)
+    assert "bash completion installed" in installed.stdout, installed.stderr
+    assert "_LOCKSTEP_COMPLETE" in "".join(p.read_text() for p in home.rglob("*") if p.is_file())
 
     def complete(words: str, cword: int) -> list[str]:
         r = run(env={"_LOCKSTEP_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(cword)})
@@ -194,17 +201,18 @@ def test_tokens_and_tenants_through_the_server(api: Api) -> None:
 
 def test_price_history_through_the_server_is_the_servers(api: Api, tmp_path: Path) -> None:
     now = utcnow()
-    points = [PricePoint(provider="aws", market=Market.spot, sku="p5.48xlarge", gpu="H100-SXM", region="us-east-1",
-                         zone="us-east-1a", usd_per_hour=p, at=now - timedelta(hours=h))
-              for h, p in ((30, 30.0), (20, 31.5), (10, 29.25))]
+    # A provider of its own: the session's server is shared with tests that count H100 points.
+    points = [PricePoint(provider="cli-remote", market=Market.spot, sku="l40s.cli", gpu="L40S", region="r1",
+                         zone="r1a", usd_per_hour=p, at=now - timedelta(hours=h))
+              for h, p in ((30, 3.0), (20, 3.5), (10, 2.25))]
     with open_store(api.db_url) as store:
         store.add_price_points(points)
-    remote = run("--server", api.url, "prices", "history", "--gpu", "H100", "--since", "2d", "--json",
+    remote = run("--server", api.url, "prices", "history", "--provider", "cli-remote", "--since", "2d", "--json",
                  token=api.alice)
     assert remote.returncode == 0, remote.stderr
-    got = [(p["sku"], p["usd_per_hour"]) for p in json.loads(remote.stdout) if p["sku"] == "p5.48xlarge"]
-    assert got == [("p5.48xlarge", 30.0), ("p5.48xlarge", 31.5), ("p5.48xlarge", 29.25)]
-    local = run("--db", str(tmp_path / "empty.db"), "prices", "history", "--gpu", "H100", "--json")
+    got = [(p["sku"], p["usd_per_hour"]) for p in json.loads(remote.stdout)]
+    assert got == [("l40s.cli", 3.0), ("l40s.cli", 3.5), ("l40s.cli", 2.25)]
+    local = run("--db", str(tmp_path / "empty.db"), "prices", "history", "--provider", "cli-remote", "--json")
     assert local.returncode == 0 and json.loads(local.stdout) == []  # the other store: what used to be read
 
 

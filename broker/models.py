@@ -13,7 +13,8 @@ import json
 import re
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Annotated, Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -22,6 +23,7 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -323,10 +325,36 @@ FilePath = Annotated[str, Field(max_length=512), AfterValidator(_clean_text), Af
 SpecBool = Annotated[bool, Strict()]
 
 
+def _kinds(tp: Any) -> set[Any]:
+    """The plain types an annotation admits (Annotated and unions unwrapped; containers as their origin)."""
+    if tp is None or tp is type(None):
+        return {type(None)}
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _kinds(get_args(tp)[0])
+    if origin is Union or origin is UnionType:
+        return set().union(*(_kinds(a) for a in get_args(tp)))
+    return {origin or tp}
+
+
 class SpecModel(BaseModel):
-    """Base of the models users write: unknown fields are errors, numbers are finite, text is clean."""
+    """Base of the models users write: unknown fields are errors, numbers are finite, text is clean,
+    ``true``/``false`` where the schema says number is an error, not 1 or 0, and so is a number where it
+    says date-time (not seconds since 1970). A numeric string still reads as its number: YAML 1.1 reads
+    ``1e3`` as a string."""
 
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool | int | float) and info.field_name is not None:
+            kinds = _kinds(cls.model_fields[info.field_name].annotation) - {type(None)}
+            if isinstance(value, bool) and kinds and kinds <= {int, float}:
+                raise ValueError(f"a number, not {json.dumps(value)}")
+            if kinds == {datetime}:  # not seconds since 1970: a date and time, as the schema says
+                raise ValueError(f"a datetime in ISO 8601 (2026-01-31T18:00:00Z), not {json.dumps(value)}")
+        return value
 
 
 class DataSpec(SpecModel):

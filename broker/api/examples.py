@@ -98,9 +98,9 @@ def by_model() -> dict[type[BaseModel], Any]:
     return {model: doc.model_dump(mode="json") for model, doc in out.items()}
 
 
-# A job spec as a person writes it. Not put on the request bodies: schemathesis's coverage phase mutates a
-# body's example field by field, and pydantic's lax mode still turns e.g. ``disk_gb: false`` into 0.0 (a
-# contract gap to close in the spec models first); docs/api.md shows full specs.
+# A job spec as a person writes it. Not put on the request bodies (POST /v1/jobs, /v1/quotes): schemathesis's
+# coverage phase mutates a body's example field by field, and the spec accepts more than its schema says
+# (``gpu: null`` or ``"H100:8"``, numeric strings from YAML), which it would report; docs/api.md shows specs.
 JOB_SPEC = dict(_SPEC)
 
 

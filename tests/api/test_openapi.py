@@ -198,3 +198,10 @@ def test_schema_driven_client_round_trips_the_main_operations(api: Api, served: 
     assert bad.status_code == 422 and bad.json()["error"]["field"]
     assert call("/v1/tokens", "GET").status_code == 403  # a user token on an admin operation
     assert call("/v1/offers", "GET", query={"limit": 5, "gpu": ["H100"]}).status_code == 200
+
+    # What the schema says is not a number or a date-time is refused as such, not read as 0 or 1970.
+    for field, value in (("disk_gb", False), ("interruptible", 1), ("deadline", 0)):
+        wrong = call("/v1/quotes", "POST", body=spec("contract-types", **{field: value}))
+        assert wrong.status_code == 422 and wrong.json()["error"]["field"] == field, (field, wrong.text)
+    hours = call("/v1/quotes", "POST", body=spec("contract-types", workload={"hours": True}))
+    assert hours.status_code == 422 and hours.json()["error"]["field"] == "workload.hours"

@@ -24,6 +24,7 @@ from pydantic import (
     Field,
     Strict,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -445,7 +446,10 @@ class JobSpec(SpecModel):
     """What a user submits (YAML or JSON)."""
 
     name: str
-    gpu: list[str] = Field(
+    # What a request may say (a list, one name, "H100:8", null); a stored spec always holds the list.
+    gpu: Annotated[list[str], WithJsonSchema({"anyOf": [
+        {"type": "array", "items": {"type": "string"}, "maxItems": 64}, {"type": "string"}, {"type": "null"}]},
+        mode="validation")] = Field(
         default_factory=list, max_length=64,
         description="accepted GPU models or families, e.g. [H100, H200]; 'H100:8' also sets gpus; "
         "omitted, [] or 'any': any model that meets the other constraints",

@@ -293,6 +293,8 @@ class ApiConfig(_Section):
     # Requests with unknown or revoked tokens, per client address (each costs a database lookup): over it → 429
     bad_token_rate_per_s: float = Field(default=1.0, gt=0)
     bad_token_burst: int = Field(default=20, ge=1)
+    # GET /openapi.json and /docs without a token (the document holds no secrets); false: a user or admin token
+    public_docs: bool = True
 
 
 def credential_files(section: object) -> tuple[tuple[str, tuple[int, ...] | None], ...]:

@@ -26,6 +26,22 @@ def label_for(installation: str, req: LaunchRequest) -> str:
     return f"{label_prefix(installation)}{req.job_id}:{req.attempt}"
 
 
+def member_label(label: str, rank: int) -> str:
+    """The label of one machine of a multi-machine attempt: the attempt's label and ``#<rank>``."""
+    return f"{label}#{rank}"
+
+
+def parse_label(prefix: str, label: str) -> tuple[str, int, int] | None:
+    """(job id, attempt, rank) of one of this installation's labels (``prefix``), else None."""
+    if not label.startswith(prefix):
+        return None
+    rest, _, rank = label[len(prefix):].partition("#")
+    job_id, _, attempt = rest.rpartition(":")
+    if not job_id or not attempt.isdigit() or (rank and not rank.isdigit()):
+        return None
+    return job_id, int(attempt), int(rank or 0)
+
+
 def create_body(req: LaunchRequest, label: str, *, env: Mapping[str, str], image_login: str | None = None
                 ) -> dict[str, Any]:
     """The body of ``PUT /api/v0/asks/{id}/`` for one machine of a launch: a bid at the ask's ``min_bid`` for a

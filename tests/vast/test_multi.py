@@ -193,3 +193,22 @@ async def test_a_vanished_machine_requeues_the_job_and_the_other_is_destroyed(br
     preempted = [e for e in job.events if e.to_state is JobState.preempted]
     assert len(preempted) == 1 and re.search(r"rank 1.*vanished", preempted[0].reason)
     assert not broker.vast.state.instances  # the surviving machine was given back with the allocation
+
+
+async def test_a_failed_rent_during_placement_frees_the_first_machine_and_the_next_assembly_is_placed(
+        broker: Broker):
+    broker.vast.state.set_faults(Faults(steal_create_number=2))  # someone else takes the second machine
+    job = await broker.svc.submit(two_node(command="sleep 600"))
+    result = await broker.svc.place_now([job.id])
+    job = await broker.svc.get_job(job.id)
+    assert job.state is JobState.provisioning, (job.reason, result)
+    allocs = await broker.svc.job_allocations(job.id)
+    failed, placed = allocs[0], allocs[-1]
+    assert failed.state.value == "failed" and "no longer available" in failed.reason
+    assert set(member_ids(failed.offer_id)).isdisjoint(member_ids(placed.offer_id))
+    # Only the placed assembly's two machines are held: the first try's machine was destroyed at once.
+    assert sorted(broker.vast.state.instances) == sorted(int(i) for i in placed.resource_ids)
+    assert len(_creates(broker.vast)) == 4
+    await broker.svc.cancel(job.id)
+    await broker.svc.poll_now()
+    assert not broker.vast.state.instances

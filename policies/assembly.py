@@ -7,7 +7,8 @@ multi-node offers that the ranking weighs beside every other option:
 
 - **Compatible machines.** Each member passes the job's constraints as one node of it (GPU model, runtime,
   memory, GPUs per node, fabric speed, reliability, interruptible, market, region, health); the members of
-  one assembly share provider, market, GPU model, GPUs per node and source; with ``colocate: region`` they
+  one assembly share provider, market, GPU model and GPUs per node (an assembly with a snapshot row is never
+  launched); with ``colocate: region`` they
   share a region, with ``colocate: zone`` a (non-empty) zone. ``any`` also assembles across regions, unless
   the spec restricts regions (then each assembly stays in one, so the region check reads one name).
 - **The cheapest.** Per group the N cheapest machines (then the next N, up to ``per_group`` disjoint
@@ -28,14 +29,15 @@ is its members' ids joined with ``+`` (:func:`member_ids` reads it back); ``attr
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Collection, Sequence
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
 from broker.gpus import GPU_SPECS
-from broker.models import Colocate, Fabric, IntraNode, JobSpec, Locality, Network, Offer
-from policies.book import OfferBook
+from broker.models import Colocate, Fabric, IntraNode, JobSpec, Locality, Network, Offer, OfferSource
+from policies.book import COLOCATIONS, FABRICS, INTRAS, OfferBook
 from policies.constraints import screen
 
 SEP = "+"  # joins member offer ids into an assembled offer's id (no market's offer id contains it)
@@ -103,63 +105,126 @@ def combine(members: Sequence[Offer]) -> Offer:
             inet_down_mbps=min(downs) if downs else None, inet_up_mbps=min(ups) if ups else None),
         reliability=math.prod(reliabilities) if reliabilities else None, perf=slowest.perf,
         egress_usd_per_gb=max(m.egress_usd_per_gb for m in members),
-        observed_at=min(m.observed_at for m in members), source=first.source, stale=any(m.stale for m in members),
+        observed_at=min(m.observed_at for m in members), stale=any(m.stale for m in members),
+        # A snapshot row never makes a launchable assembly, whatever the other machines are.
+        source=OfferSource.snapshot if any(m.source is OfferSource.snapshot for m in members) else first.source,
         attrs={ASSEMBLED: "true", MEMBERS: ",".join(m.id for m in members)},
     )
 
 
-def assemble(book: OfferBook, spec: JobSpec, *, exclude: Collection[str] = (),
-             per_group: int = PER_GROUP) -> list[Offer]:
-    """Assembled offers for ``spec`` from the single machines of ``book.assemblers``' providers.
-
-    ``exclude``: offer ids of machines that are taken (held by a live allocation, or being launched on).
-    """
-    if not book.assemblers or not assemblable(spec) or not len(book):
-        return []
-    n = spec.nodes
+def _member_rows(book: OfferBook, spec: JobSpec, exclude: Collection[str]) -> np.ndarray:
+    """The book rows that may be members of an assembly for ``spec``, cheapest first."""
     sc = screen(book, spec, members=True)
     rows = sc.rows[sc.codes == 0]
-    if not len(rows):
-        return []
-    ok = book.providers.table(book.assemblers)[book["provider"][rows]]
-    ok &= (book["max_nodes"][rows] < n) & ~book["divisible"][rows]
-    rows = rows[ok]
-    if len(rows) < n:
-        return []
-    rows = rows[np.lexsort((rows, book["price"][rows]))]  # cheapest first (book order breaks ties)
-    taken = set(exclude)
-    per_region = spec.colocate is not Colocate.any or bool(spec.regions)
-    want = per_group * n  # members a group can use: only these become Offer objects
     c = book.cols
-    keys = np.stack([c["provider"][rows], c["market"][rows].astype(np.int32), c["gpu"][rows],
-                     c["gpu_count"][rows], c["region"][rows], c["zone"][rows]], axis=1).tolist()
-    no_zone, no_region = book.codes["zone"].index.get(""), book.regions.index.get("")
-    groups: dict[tuple[int, ...], list[Offer]] = defaultdict(list)
-    scattered: dict[tuple[int, ...], list[Offer]] = defaultdict(list)
-    for i, (prov, market, gpu, count, region, zone) in zip(rows.tolist(), keys, strict=True):
-        base = (prov, market, gpu, count)
-        if spec.colocate is Colocate.zone:
-            key: tuple[int, ...] | None = (*base, region, zone) if zone != no_zone and region != no_region else None
-        else:
-            key = (*base, region) if region != no_region or not per_region else None
-        fill = key is not None and len(groups[key]) < want
-        spread = not per_region and len(scattered[base]) < want
-        if not (fill or spread) or book.ids[i] in taken:
-            continue
-        o = book.offer(i)
-        if fill and key is not None:
-            groups[key].append(o)
-        if spread:
-            scattered[base].append(o)
-    out: list[Offer] = []
-    seen: set[str] = set()
-    for group in (*groups.values(), *scattered.values()):
-        for k in range(min(per_group, len(group) // n)):
-            members = group[k * n:(k + 1) * n]
-            if len({m.source for m in members}) > 1:  # a snapshot row never joins live machines
-                continue
-            made = combine(members)
-            if made.id not in seen:
-                seen.add(made.id)
-                out.append(made)
+    rows = rows[book.providers.table(book.assemblers)[c["provider"][rows]]
+                & (c["max_nodes"][rows] < spec.nodes) & ~c["divisible"][rows]]
+    if exclude and len(rows):
+        taken = set(exclude)
+        rows = rows[np.fromiter((book.ids[i] not in taken for i in rows.tolist()), dtype=bool, count=len(rows))]
+    return rows[np.lexsort((rows, c["price"][rows]))]  # cheapest first (book order breaks ties)
+
+
+def _chunks(rows: np.ndarray, keys: list[np.ndarray], n: int, per_group: int) -> np.ndarray:
+    """Per group of equal ``keys`` (``rows`` cheapest first): its first ``per_group`` runs of ``n`` rows, as an
+    (assemblies × n) array of book rows, each assembly's members cheapest first."""
+    if len(rows) < n:
+        return np.zeros((0, n), dtype=np.int64)
+    key = np.zeros(len(rows), dtype=np.int64)
+    for k in keys:  # one integer per group (codes are small: the radix is each column's largest + 1)
+        key = key * (int(k.max()) + 1) + k
+    order = np.argsort(key, kind="stable")  # by group; cheapest first inside each
+    g = key[order]
+    starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1])))
+    sizes = np.diff(np.append(starts, len(g)))
+    rank = np.arange(len(g)) - np.repeat(starts, sizes)
+    usable = np.repeat(np.minimum(per_group, sizes // n) * n, sizes)  # whole assemblies only
+    picked: np.ndarray = rows[order[rank < usable]]
+    return picked.reshape(-1, n)
+
+
+def assemble(book: OfferBook, spec: JobSpec, *, exclude: Collection[str] = (),
+             per_group: int = PER_GROUP) -> OfferBook | None:
+    """The assembled offers for ``spec`` as a book of their own (None when there are none), made from the single
+    machines of ``book.assemblers``' providers; ranked by :func:`policies.ranking.quote` beside ``book``.
+
+    Vectorised over the book's columns: no Offer is made (the router makes the chosen one again from its
+    machines with :func:`combine`). ``exclude``: offer ids of machines that are taken (held by a live
+    allocation, or being launched on).
+    """
+    if not book.assemblers or not assemblable(spec) or not len(book):
+        return None
+    n = spec.nodes
+    rows = _member_rows(book, spec, exclude)
+    if len(rows) < n:
+        return None
+    c = book.cols
+    no_zone, no_region = book.codes["zone"].index.get("", -1), book.regions.index.get("", -1)
+    base = [c["provider"][rows], c["market"][rows], c["gpu"][rows], c["gpu_count"][rows]]
+    per_region = spec.colocate is not Colocate.any or bool(spec.regions)
+    parts = []
+    if spec.colocate is Colocate.zone:  # a zone only where a market names one
+        sel = (c["zone"][rows] != no_zone) & (c["region"][rows] != no_region)
+        parts.append(_chunks(rows[sel], [k[sel] for k in base] + [c["region"][rows[sel]], c["zone"][rows[sel]]],
+                             n, per_group))
+    else:
+        sel = c["region"][rows] != no_region if per_region else np.ones(len(rows), dtype=bool)
+        parts.append(_chunks(rows[sel], [k[sel] for k in base] + [c["region"][rows[sel]]], n, per_group))
+    if not per_region:  # any: also the cheapest machines wherever they are
+        parts.append(_chunks(rows, base, n, per_group))
+    members = np.unique(np.concatenate(parts), axis=0) if len(parts) > 1 else parts[0]
+    if not len(members):
+        return None
+    return _columns_book(book, members)
+
+
+def _columns_book(book: OfferBook, m: np.ndarray) -> OfferBook:
+    """The book of the assemblies ``m`` (assemblies × nodes, book rows): each one row, its figures reduced from its
+    machines' columns as :func:`combine` reduces their offers."""
+    c = book.cols
+    n = m.shape[1]
+    first = m[:, 0]
+    region_codes = c["region"][m]
+    same_region = (region_codes == region_codes[:, :1]).all(axis=1)
+    zone_codes = c["zone"][m]
+    same_zone = (zone_codes == zone_codes[:, :1]).all(axis=1)
+    region_names = book.regions.names
+    regions = [region_names[r[0]] if same else SEP.join(sorted({region_names[x] for x in r}))
+               for r, same in zip(region_codes.tolist(), same_region.tolist(), strict=True)]
+    zones = [z if same else "" for z, same in zip(book.texts("zone", first), same_zone.tolist(), strict=True)]
+    coloc = np.where(~same_region | (region_codes[:, 0] == book.regions.index.get("", -1)),
+                     COLOCATIONS.index(Colocate.any),
+                     np.where(same_zone & (zone_codes[:, 0] != book.codes["zone"].index.get("", -1)),
+                              COLOCATIONS.index(Colocate.zone), COLOCATIONS.index(Colocate.region)))
+    tflops = c["tflops"][m]
+    slowest = m[np.arange(len(m)), np.argmin(tflops, axis=1)]
+    reliability = c["reliability"][m]
+    known = ~np.isnan(reliability)
+    rel = np.where(known.any(axis=1), np.prod(np.where(known, reliability, 1.0), axis=1), np.nan)
+    down = c["inet_down_mbps"][m]
+    ids = [SEP.join(book.ids[i] for i in row) for row in m.tolist()]
+    shared = ("provider", "gpu", "site", "sku")  # the first machine's, in the book's own codes
+    data: dict[str, Any] = {
+        "id": ids, **{f: c[f][first] for f in shared}, "perf_source": c["perf_source"][slowest],
+        "codes": {f: book.codes[f] for f in (*shared, "perf_source")}, "region": regions, "zone": zones,
+        "gpu_count": c["gpu_count"][first], "price": c["price"][m].sum(axis=1) / n, "market": c["market"][first],
+        "gpu_mem": c["gpu_mem"][m].min(axis=1), "interruptible": c["interruptible"][m].any(axis=1),
+        "max_nodes": n, "coloc": coloc, "fabric": FABRICS.index(Fabric.ethernet),
+        "fabric_gbps": c["fabric_gbps"][m].min(axis=1),
+        "intra": np.where((c["intra"][m] == INTRAS.index(IntraNode.nvlink)).all(axis=1),
+                          INTRAS.index(IntraNode.nvlink), INTRAS.index(IntraNode.pcie)),
+        "tflops": tflops.min(axis=1), "measured": c["measured"][slowest], "reliability": rel,
+        "stale": c["stale"][m].any(axis=1), "egress": c["egress"][m].max(axis=1),
+        "queue": c["queue"][m].max(axis=1),
+        "inet_down_mbps": np.where(np.isnan(down).all(axis=1), np.nan,
+                                   np.where(np.isnan(down), np.inf, down).min(axis=1)),
+        "observed_at": c["observed_at"][m].min(axis=1),
+    }
+    # The sites' declared egress is the whole book's (site codes are shared), so data elsewhere costs the same to
+    # move to an assembly as to any other offer.
+    out = replace(OfferBook.from_columns(data), site_egress=book.site_egress, owned_egress=book.owned_egress)
+    # Each machine may be preempted: an assembly is interrupted as often as all its machines together.
+    rate = c["preempt_rate"][m].sum(axis=1)
+    at = {oid: i for i, oid in enumerate(ids)}
+    out.cols["preempt_rate"] = rate[[at[i] for i in out.ids]]
     return out

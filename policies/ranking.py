@@ -97,9 +97,9 @@ def quote(
     if not (book.assemblers and assemblable(spec)):
         return q
     extra = assemble(book, spec, exclude=exclude)
-    if not extra:
+    if extra is None:
         return q
-    aq = _quote(OfferBook.build(extra), spec, now=now, top=top, max_rejected=0)
+    aq = _quote(extra, spec, now=now, top=top, max_rejected=0)
     note = f"assembled from {spec.nodes} separately rented machines: ethernet over the internet between them"
     assembled = [o.model_copy(update={"breakdown": o.breakdown.model_copy(
         update={"notes": [*o.breakdown.notes, note]})}) if o.breakdown else o for o in aq.options]

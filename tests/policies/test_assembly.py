@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pytest
 
 from broker.models import Colocate, Fabric, Locality, Market, Network, Offer
@@ -90,7 +91,7 @@ def test_a_job_that_needs_its_nodes_together_never_lands_on_scattered_machines(c
     q = quote(book([*MACHINES, cluster_offer()]), spec(colocate=colocate), now=NOW, top=20)
     assert not assembled(q)
     assert [o.offer_id for o in q.options] == (["cloud:ib"] if colocate == "cluster" else [])
-    assert not assemble(book(MACHINES), spec(colocate=colocate))
+    assert assemble(book(MACHINES), spec(colocate=colocate)) is None
 
 
 @pytest.mark.parametrize("fabric", ["infiniband", "rdma", "efa"])
@@ -99,7 +100,7 @@ def test_a_job_that_needs_an_rdma_fabric_never_lands_on_scattered_machines(fabri
     assert not assemblable(s)
     q = quote(book([*MACHINES, cluster_offer()]), s, now=NOW, top=20)
     assert not assembled(q)
-    assert not assemble(book(MACHINES), s)
+    assert assemble(book(MACHINES), s) is None
 
 
 def test_only_the_providers_the_market_marks_by_capability_are_assembled() -> None:
@@ -117,7 +118,9 @@ def test_taken_machines_are_left_out_and_the_next_ones_assembled() -> None:
 
 def test_disjoint_fallback_assemblies_per_group() -> None:
     made = assemble(book(MACHINES), spec(colocate="region"))
-    us = [member_ids(o.id) for o in made if o.region == "US"]
+    assert made is not None
+    us = sorted(member_ids(i) for i, r in zip(made.ids, made.texts("region", np.arange(len(made))), strict=True)
+                if r == "US")
     assert us == [["m:us1", "m:us2"], ["m:us3", "m:us4"]]  # a failed rent has a next, with other machines
 
 
@@ -152,3 +155,32 @@ def test_the_cost_model_charges_the_internet_between_machines() -> None:
     ib = by_id["cloud:ib"]
     assert pair.breakdown.comm_hours > 10 * ib.breakdown.comm_hours
     assert math.isfinite(pair.expected_cost_usd) and pair.expected_hours > ib.expected_hours
+
+
+def test_the_ranked_figures_of_an_assembly_agree_with_the_offer_the_router_launches() -> None:
+    """The ranking reduces columns; the router makes the chosen assembly again from its machines (combine):
+    both must say the same price, link, reliability, shape and region."""
+    made = assemble(book(MACHINES), spec())
+    assert made is not None
+    by_id = {o.id: o for o in MACHINES}
+    for row in range(len(made)):
+        offer = combine([by_id[i] for i in member_ids(made.ids[row])])
+        r = made.row(row)
+        assert (r.usd_per_hour, r.fabric_gbps, r.max_nodes, r.region, r.colocation, r.fabric) == pytest.approx(
+            (offer.usd_per_hour, offer.network.fabric_gbps, offer.max_nodes, offer.region, offer.colocation,
+             offer.network.fabric))
+        assert r.reliability == pytest.approx(offer.reliability)
+
+
+def test_data_location_counts_for_assemblies_as_for_any_offer() -> None:
+    cloud = cluster_offer().model_copy(update={"egress_usd_per_gb": 0.05})
+    size = 1000
+    local = spec(colocate="region", data={"location": "mkt:US", "size_gb": size})
+    egress = {o.offer_id: o.breakdown.egress_usd for o in assembled(quote(book([*MACHINES, cloud]), local, now=NOW,
+                                                                          top=20))}
+    assert egress["m:us1+m:us2"] == 0.0  # both machines in the data's country
+    assert egress["m:de1+m:de2"] == size * 0.01  # the machines' own site's egress
+    # Data in a cloud region: what that cloud declares, as for the cloud's own offers elsewhere.
+    far = spec(data={"location": "cloud:us-west-2", "size_gb": size})
+    q = quote(book([*MACHINES, cloud]), far, now=NOW, top=20)
+    assert {o.breakdown.egress_usd for o in assembled(q)} == {size * 0.05}

@@ -8,9 +8,9 @@ multi-node offers that the ranking weighs beside every other option:
 - **Compatible machines.** Each member passes the job's constraints as one node of it (GPU model, runtime,
   memory, GPUs per node, fabric speed, reliability, interruptible, market, region, health); the members of
   one assembly share provider, market, GPU model and GPUs per node (an assembly with a snapshot row is never
-  launched); with ``colocate: region`` they
-  share a region, with ``colocate: zone`` a (non-empty) zone. ``any`` also assembles across regions, unless
-  the spec restricts regions (then each assembly stays in one, so the region check reads one name).
+  launched); with ``colocate: region`` they share a region, with ``colocate: zone`` a (non-empty) zone.
+  ``any`` also assembles across regions, unless the spec restricts regions (then each assembly stays in one,
+  so the region check reads one name).
 - **The cheapest.** Per group the N cheapest machines (then the next N, up to ``per_group`` disjoint
   assemblies, so a failed rent has a fallback); machines a live allocation or a launch in flight holds are
   excluded by the caller (``exclude``).
@@ -122,7 +122,8 @@ def _member_rows(book: OfferBook, spec: JobSpec, exclude: Collection[str]) -> np
     if exclude and len(rows):
         taken = set(exclude)
         rows = rows[np.fromiter((book.ids[i] not in taken for i in rows.tolist()), dtype=bool, count=len(rows))]
-    return rows[np.lexsort((rows, c["price"][rows]))]  # cheapest first (book order breaks ties)
+    cheapest: np.ndarray = rows[np.lexsort((rows, c["price"][rows]))]  # book order breaks ties
+    return cheapest
 
 
 def _chunks(rows: np.ndarray, keys: list[np.ndarray], n: int, per_group: int) -> np.ndarray:

@@ -198,7 +198,7 @@ class VastProvider(HasJobLogs, AssemblesNodes):
             raise BadRequestError(PROVIDER, f"offer {req.offer.id}: an assembly needs two or more machines with "
                                             f"a public address", "bad_assembly")
         base = label_for(self.installation, req)
-        labels = [member_label(base, rank) for rank in range(len(members))]
+        labels = [member_label(base, rank, len(members)) for rank in range(len(members))]
         run = req.run_request()
         manifest = node_manifest(run, rendezvous={"mode": "env"})
         existing = await self._labelled(labels)  # idempotent: a repeated launch rents only what is missing
@@ -247,6 +247,10 @@ class VastProvider(HasJobLogs, AssemblesNodes):
         return inst if isinstance(inst, dict) and inst else None
 
     async def poll(self, alloc: Allocation) -> AllocationStatus:
+        if alloc.nodes > len(alloc.resource_ids):  # a multi-machine launch cut short (by a crash): never started
+            return AllocationStatus(state=AllocationState.released,
+                                    reason=f"only {len(alloc.resource_ids)} of the {alloc.nodes} machines of this "
+                                           f"attempt were rented (a launch cut short)")
         if len(alloc.resource_ids) > 1:
             return await self._poll_machines(alloc)
         iid = alloc.resource_ids[0]
@@ -346,13 +350,17 @@ class VastProvider(HasJobLogs, AssemblesNodes):
     async def owned(self) -> list[Allocation]:
         prefix = label_prefix(self.installation)
         attempts: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+        counts: dict[tuple[str, int], int] = {}
         for inst in await self.client.instances():
             parsed = parse_label(prefix, str(inst.get("label") or ""))
             if parsed is not None:  # one attempt's machines together, by rank
-                job_id, attempt, rank = parsed
+                job_id, attempt, rank, count = parsed
                 attempts.setdefault((job_id, attempt), {})[rank] = inst
+                counts[(job_id, attempt)] = max(count, counts.get((job_id, attempt), 1))
         out: list[Allocation] = []
-        for (job_id, attempt), by_rank in attempts.items():
+        for key, by_rank in attempts.items():
             insts = [by_rank[r] for r in sorted(by_rank)]
-            out.append(self._allocation(insts[0], job_id=job_id, attempt=attempt, more=insts[1:]))
+            alloc = self._allocation(insts[0], job_id=key[0], attempt=key[1], more=insts[1:])
+            # A launch a crash cut short holds fewer machines than its labels say: poll answers it as lost.
+            out.append(alloc.model_copy(update={"nodes": counts[key]}) if counts[key] > alloc.nodes else alloc)
         return out

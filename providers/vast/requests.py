@@ -26,20 +26,22 @@ def label_for(installation: str, req: LaunchRequest) -> str:
     return f"{label_prefix(installation)}{req.job_id}:{req.attempt}"
 
 
-def member_label(label: str, rank: int) -> str:
-    """The label of one machine of a multi-machine attempt: the attempt's label and ``#<rank>``."""
-    return f"{label}#{rank}"
+def member_label(label: str, rank: int, count: int) -> str:
+    """The label of one machine of a multi-machine attempt: the attempt's label and ``#<rank>/<count>``, so
+    what a crash left half-rented reads back as such."""
+    return f"{label}#{rank}/{count}"
 
 
-def parse_label(prefix: str, label: str) -> tuple[str, int, int] | None:
-    """(job id, attempt, rank) of one of this installation's labels (``prefix``), else None."""
+def parse_label(prefix: str, label: str) -> tuple[str, int, int, int] | None:
+    """(job id, attempt, rank, machine count) of one of this installation's labels (``prefix``), else None."""
     if not label.startswith(prefix):
         return None
-    rest, _, rank = label[len(prefix):].partition("#")
+    rest, _, member = label[len(prefix):].partition("#")
     job_id, _, attempt = rest.rpartition(":")
-    if not job_id or not attempt.isdigit() or (rank and not rank.isdigit()):
+    rank, _, count = member.partition("/")
+    if not job_id or not attempt.isdigit() or (member and not (rank.isdigit() and count.isdigit())):
         return None
-    return job_id, int(attempt), int(rank or 0)
+    return job_id, int(attempt), int(rank or 0), int(count or 1)
 
 
 def create_body(req: LaunchRequest, label: str, *, env: Mapping[str, str], image_login: str | None = None

@@ -18,13 +18,13 @@ import pytest
 
 from broker.config import VastConfig
 from broker.errors import CapacityError
-from broker.models import JobState, Market
+from broker.models import AllocationState, JobState, Market
 from broker.specs import parse_spec
 from policies.assembly import combine, member_ids
 from providers.base import LaunchRequest, OfferQuery
 from providers.runtime.logs import parse_log
 from providers.vast import VastProvider
-from providers.vast.requests import parse_label
+from providers.vast.requests import member_label, parse_label
 from tests.broker.conftest import wait_for
 from tests.vast.test_jobs import INSTALLATION, Broker, open_broker
 from tests.vastapi.server import Faults, VastApiServer, free_port
@@ -107,7 +107,7 @@ async def test_a_two_node_job_runs_on_two_machines_with_one_rendezvous_and_both_
     iids = [int(i) for i in alloc.resource_ids]
     labels = [broker.vast.state.instances[i]["label"] for i in iids]
     base = f"lockstep:{INSTALLATION}:{job.id}:{job.attempts}"
-    assert labels == [f"{base}#0", f"{base}#1"]
+    assert labels == [f"{base}#0/2", f"{base}#1/2"]
     asks = {broker.vast.state.instances[i]["ask_id"] for i in iids}
     assert {f"vast:{a}" for a in asks} == set(member_ids(alloc.offer_id))  # the two machines the quote chose
     assert all(f"-p {port}:{port}" in c["body"]["env"] for c in _creates(broker.vast))
@@ -212,3 +212,26 @@ async def test_a_failed_rent_during_placement_frees_the_first_machine_and_the_ne
     await broker.svc.cancel(job.id)
     await broker.svc.poll_now()
     assert not broker.vast.state.instances
+
+
+async def test_a_launch_cut_short_by_a_crash_reads_back_as_lost_and_is_released(
+        vast_api: VastApiServer, vast_config: VastConfig):
+    """A crash between the two rents leaves one machine labelled as rank 0 of 2: after a restart it is listed as
+    an allocation of 2 nodes holding 1 machine, which polls as gone (the job is requeued) and is released."""
+    _local_machines(vast_api)
+    provider = VastProvider(vast_config, installation=INSTALLATION)
+    try:
+        offers = await provider.offers(OfferQuery(gpus=["RTX-4090"], markets=[Market.on_demand]))
+        ones = [o for o in offers if o.gpu_count == 1][:2]
+        req = LaunchRequest(job_id="j-crash", attempt=2, spec=two_node(command="sleep 600"), offer=combine(ones),
+                            nodes=2, members=ones)
+        base = f"lockstep:{INSTALLATION}:j-crash:2"
+        await provider._rent(req, ones[0], member_label(base, 0, 2), {})  # the crash came after this one
+        (held,) = [a for a in await provider.owned() if a.job_id == "j-crash"]
+        assert held.nodes == 2 and len(held.resource_ids) == 1
+        status = await provider.poll(held)
+        assert status.state is AllocationState.released and "1 of the 2 machines" in status.reason
+        await provider.release(held)
+        assert vast_api.state.instances == {}
+    finally:
+        await provider.aclose()

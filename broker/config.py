@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from platformdirs import user_data_dir
@@ -127,6 +127,14 @@ class SlurmConfig(_Section):
     conf_path: str | None = None
     default_time_limit_min: int = 1440  # jobs whose workload gives no duration
     max_attempts: int = 4  # bounded retries on transient errors
+    # The run-time contract on Slurm (docs/slurm.md "At run time"): each attempt's wrapper, manifest, logs and
+    # statuses live in <job_dir>/<installation>/<job>/a<attempt>/, a directory the broker and every node share
+    # (one host: any local directory). The broker writes the manifest there (mode 0600) and reads logs back.
+    job_dir: str = "/tmp/lockstep-slurm"
+    # How a job's `image` runs: pyxis (srun --container-image), apptainer (apptainer exec docker://…) or none
+    # (commands run on the hosts; a job with an image is rejected at quote time).
+    container_runtime: Literal["none", "pyxis", "apptainer"] = "none"
+    python: str = "python3"  # the interpreter that runs the wrapper on the nodes (or in a pyxis container)
 
 
 class ReservedPool(_Section):

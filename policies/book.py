@@ -102,6 +102,7 @@ NUMERIC: dict[str, tuple[Any, Any]] = {
     "fabric_lat": (np.float64, np.nan), "reliability": (np.float64, np.nan), "stale": (bool, False),
     "egress": (np.float64, 0.0), "queue": (np.float64, 0.0), "inet_down_mbps": (np.float64, np.nan),
     "observed_at": (np.float64, 0.0),
+    "no_image": (bool, False),  # runs commands on its hosts only: attrs["containers"] == "none"
 }
 
 
@@ -150,6 +151,7 @@ def offer_columns(offers: Sequence[Offer]) -> dict[str, Any]:
         num["queue"][i] = o.queue_wait_hours
         num["inet_down_mbps"][i] = net.inet_down_mbps or np.nan
         num["observed_at"][i] = o.observed_at.timestamp()
+        num["no_image"][i] = o.attrs.get("containers") == "none"
         if o.attrs.get("nodes"):
             nodes[i] = tuple(o.attrs["nodes"].split(","))
     return {"id": ids, **text, **num, "nodes": nodes}

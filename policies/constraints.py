@@ -52,6 +52,8 @@ CHECKS: tuple[Check, ...] = (
     Check("unhealthy", lambda o, s: "node marked unhealthy"),
     Check("gpu_model", lambda o, s: f"GPU {o.gpu} not accepted (job accepts {', '.join(s.gpu)})"),
     Check("runtime", _runtime_reason),
+    Check("image", lambda o, s: "no container runtime here for the job's image (the pool runs commands on its "
+                                "hosts): drop `image`, or use a pool with one (pyxis, apptainer)"),
     Check("gpu_memory", lambda o, s: f"{o.gpu_memory_gb:g} GB per GPU < {memory_needed(s):g} GB needed" + (
         "" if memory_needed(s) <= s.min_gpu_memory_gb else
         f" ({s.workload.params_b:g}B parameters in bf16 over {s.gpus} GPUs)")),
@@ -231,6 +233,8 @@ def screen(book: OfferBook, spec: JobSpec, *, members: bool = False) -> Screen:
     fails: list[tuple[str, np.ndarray]] = []
     if book.any_unhealthy:
         fails.append(("unhealthy", col("unhealthy")))
+    if spec.image is not None:
+        fails.append(("image", col("no_image")))
     if need := memory_needed(spec):
         fails.append(("gpu_memory", col("gpu_mem") + 1e-9 < need))
     fails.append(("gpus_per_node", col("gpu_count") < spec.gpus_per_node))

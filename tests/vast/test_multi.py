@@ -235,3 +235,16 @@ async def test_a_launch_cut_short_by_a_crash_reads_back_as_lost_and_is_released(
         assert vast_api.state.instances == {}
     finally:
         await provider.aclose()
+
+
+async def test_a_quote_through_the_service_weighs_assembled_machines_and_never_for_a_cluster_job(broker: Broker):
+    q = await broker.svc.quote(two_node(), top=5)
+    assert q.options and all("+" in o.offer_id and o.nodes == 2 for o in q.options)
+    best = q.options[0]
+    offer = broker.svc.market.find(best.offer_id)  # what the router launches: made again from its machines
+    assert offer is not None and offer.attrs["members"] == ",".join(member_ids(best.offer_id))
+    assert offer.usd_per_hour * 2 == pytest.approx(best.usd_per_hour, rel=1e-4)
+    assert any("assembled" in n for n in q.notes)
+
+    together = await broker.svc.quote(two_node(colocate="cluster"), top=5)
+    assert not together.options and together.rejected_counts.get("nodes")

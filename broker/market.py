@@ -25,7 +25,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TypeVar
@@ -34,9 +34,10 @@ from pydantic import BaseModel, Field
 
 from broker.errors import BadRequestError, CapacityError, ProviderAuthError, ProviderError, QuotaError
 from broker.models import Offer, OfferSource, Perf, utcnow
+from policies.assembly import combine, is_assembled, member_ids
 from policies.book import OfferBook
 from providers.base import OfferQuery, Provider, matches
-from providers.capabilities import Launches, Snapshot
+from providers.capabilities import AssemblesNodes, Launches, Snapshot
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -397,15 +398,21 @@ class Marketplace:
         key = (self.refreshed_at, tuple(sorted((unhealthy_hosts or {}).items())),
                tuple(sorted((preemption_rates or {}).items())))
         if self._base_book is None:
-            self._base_book = OfferBook.build(self.offers())
+            # Whose single machines the ranking may assemble into multi-node options: by capability.
+            self._base_book = replace(OfferBook.build(self.offers()), assemblers=frozenset(
+                name for name, p in self.providers.items() if isinstance(p, AssemblesNodes)))
         if self._book is None or key != self._book_key:
             self._book = self._base_book.with_health(unhealthy_hosts, preemption_rates)
             self._book_key = key
         return self._book
 
     def find(self, offer_id: str) -> Offer | None:
-        """The current snapshot's offer by id."""
+        """The current snapshot's offer by id; an assembled offer (policies/assembly.py) is made again from its
+        machines, or None when one of them has left the market."""
         self.offers()
+        if is_assembled(offer_id):
+            members = [self._by_id.get(i) for i in member_ids(offer_id)]
+            return combine([m for m in members if m is not None]) if all(members) and len(members) > 1 else None
         return self._by_id.get(offer_id)
 
     async def aclose(self) -> None:

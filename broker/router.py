@@ -56,11 +56,12 @@ from broker.models import (
 from broker.secrets import SecretSources
 from broker.spot_markets import SpotMarkets
 from broker.store import LIVE_STATES
+from policies.assembly import is_assembled, member_ids
 from policies.book import DEFAULT_SPOT_PREEMPTIONS_PER_HOUR
 from policies.placement import DECISION_INTERVAL_HOURS, Decision, Situation, candidates, decide, progress_hours
 from policies.ranking import quote as rank_quote
 from providers.base import LaunchRequest
-from providers.capabilities import Launches, RunsBurnIn
+from providers.capabilities import AssemblesNodes, Launches, RunsBurnIn
 from providers.runtime.manifest import RunRequest
 
 if TYPE_CHECKING:
@@ -84,6 +85,14 @@ def month_start(now: datetime) -> datetime:
 def single_unit(offer: Offer) -> bool:
     """An offer only one job can hold at a time (a Vast machine), unlike a cloud instance type."""
     return offer.max_nodes == 1 and not offer.divisible
+
+
+def unit_ids(offer: Offer) -> list[str]:
+    """The single machines a launch on ``offer`` takes: an assembly's members, a single-unit offer itself,
+    nothing for capacity many jobs can draw on."""
+    if is_assembled(offer.id):
+        return member_ids(offer.id)
+    return [offer.id] if single_unit(offer) else []
 
 
 @dataclass(frozen=True)
@@ -142,8 +151,9 @@ class Router:
         return (
             offer is not None
             and isinstance(provider, Launches)
+            and (not is_assembled(offer.id) or isinstance(provider, AssemblesNodes))
             and offer.source is OfferSource.live
-            and not (single_unit(offer) and (o.offer_id in self._taken or o.offer_id in held))
+            and not any(u in self._taken or u in held for u in unit_ids(offer))
             and self.market.circuits[o.provider].admits()  # an open circuit: not called until its probe
         )
 
@@ -160,7 +170,8 @@ class Router:
         # Taken machines stay in the book until the next refresh: rank past them, or a busy market
         # would show "nothing launchable" long before it runs out.
         held_here = sum(1 for i in held if (o := self.market.find(i)) is not None and single_unit(o))
-        q = rank_quote(book, job.spec, now=now, top=TOP_OPTIONS + len(self._taken) + held_here, max_rejected=20)
+        q = rank_quote(book, job.spec, now=now, top=TOP_OPTIONS + len(self._taken) + held_here, max_rejected=20,
+                       exclude=self._taken.union(held))  # no assembly of machines already taken
         options = [o for o in q.options if self._launchable(o, self.market.find(o.offer_id), held)]
         return q, options[:TOP_OPTIONS]
 
@@ -174,12 +185,13 @@ class Router:
         """
         now = time.monotonic()
         if self._held is None or now - self._held[0] > HELD_TTL_S:
-            self._held = (now, {a.offer_id for a in await self._db(self.store.live_allocations)})
+            self._held = (now, {m for a in await self._db(self.store.live_allocations) for m in member_ids(a.offer_id)})
         return self._held[1]
 
     async def _launching_elsewhere(self) -> set[str]:
         """Offers with an intent on them: launches in flight (few rows, read fresh)."""
-        return {a.offer_id for a in await self._db(self.store.allocations, None, [AllocationState.intent])}
+        return {m for a in await self._db(self.store.allocations, None, [AllocationState.intent])
+                for m in member_ids(a.offer_id)}
 
     def unplaceable_reason(self, q: Quote, options: list[QuoteOption]) -> str:
         """Why a job cannot be launched anywhere right now ('' when it can)."""
@@ -292,19 +304,21 @@ class Router:
                 skip.add(opt.provider)
                 shut.append(circuit.describe())
                 continue
-            if single_unit(offer):
+            units = unit_ids(offer)
+            if units:
                 # One machine, one renter: skip what this process is launching on (or lost) and what a
                 # live allocation of any replica holds, instead of spending a try on a certain refusal.
                 # Check and reserve with no await in between, so concurrent placements never pick alike.
-                if offer.id in self._taken or offer.id in held:
+                # An assembly takes all its machines (a failed rent keeps them out until the next refresh).
+                if any(u in self._taken or u in held for u in units):
                     continue
-                self._taken.add(offer.id)
+                self._taken.update(units)
                 # Another replica may have written its intent on it since: look again, just before ours.
-                if offer.id in await self._launching_elsewhere():
+                if not set(units).isdisjoint(await self._launching_elsewhere()):
                     continue
             ticket = circuit.acquire()
             if ticket is None:  # it closed to us while we looked for intents elsewhere
-                self._taken.discard(offer.id)
+                self._taken.difference_update(units)
                 skip.add(opt.provider)
                 shut.append(circuit.describe())
                 continue
@@ -343,8 +357,11 @@ class Router:
                 spec.command, result_dir=str(results_path(self.settings)), stem=job_stem(job.id, attempt))})
         run = RunRequest.for_launch(spec, job_id=job.id, attempt=attempt, secrets=secret_values,
                                     runtime=self.settings.runtime)
+        members = [m for i in member_ids(offer.id) if (m := self.market.find(i)) is not None] \
+            if is_assembled(offer.id) else []
         req = LaunchRequest(job_id=job.id, tenant=job.tenant, attempt=attempt, spec=spec, offer=offer,
-                            nodes=opt.nodes, installation=self.settings.broker.installation, run=run)
+                            nodes=opt.nodes, installation=self.settings.broker.installation, run=run,
+                            members=members)
         alloc = Allocation(
             id=new_alloc_id(), job_id=job.id, attempt=attempt, provider=opt.provider, offer_id=opt.offer_id,
             state=AllocationState.intent, client_token=req.client_token, nodes=opt.nodes, region=opt.region,
@@ -358,7 +375,7 @@ class Router:
         except ProviderError as exc:
             ticket.record(exc)
             if not isinstance(exc, CapacityError):
-                self._taken.discard(offer.id)  # not gone, just not launched: others may try it
+                self._taken.difference_update(unit_ids(offer))  # not gone, just not launched: others may try it
             failed = LaunchTry(offer_id=opt.offer_id, provider=opt.provider, sku=opt.sku, zone=opt.zone,
                                market=opt.market.value, error=str(exc)[:300], kind=error_kind(exc))
             if not await self._fail_intent(alloc, str(exc)[:500], failed.kind):
@@ -369,7 +386,7 @@ class Router:
             return failed
         except Exception as exc:  # an adapter bug must not lose the job: record, try the next offer
             ticket.record(exc)
-            self._taken.discard(offer.id)
+            self._taken.difference_update(unit_ids(offer))
             log.exception("job %s: launch on %s raised", job.id, opt.provider)
             failed = LaunchTry(offer_id=opt.offer_id, provider=opt.provider, error=repr(exc)[:300], kind="error")
             if not await self._fail_intent(alloc, repr(exc)[:500]):

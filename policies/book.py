@@ -298,6 +298,9 @@ class OfferBook:
     unhealthy_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     any_divisible: bool = False  # some rows are paid per GPU taken (owned nodes)
     any_queue: bool = False  # some rows wait in a queue before they start
+    # Providers whose offers are independent single machines the broker may assemble into a multi-node
+    # job (policies/assembly.py): set by the market from the AssemblesNodes capability.
+    assemblers: frozenset[str] = frozenset()
     _folded_gpus: dict[str, int] | None = None
 
     def __len__(self) -> int:

@@ -11,6 +11,7 @@ only the options shown and the rejections written out become objects.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from broker.models import JobSpec, Quote
 from broker.perf import job_hours, preemption_overhead, step_shape, transfer_hours
+from policies.assembly import assemblable, assemble
 from policies.book import FABRICS, MARKETS, OWNED, OfferBook
 from policies.constraints import CODE_OF, describe, job_node_price, screen
 
@@ -83,9 +85,40 @@ def quote(
     now: datetime,
     top: int = 10,
     max_rejected: int | None = None,
+    exclude: Collection[str] = (),
 ) -> Quote:
     """Rank ``book`` for ``spec``. ``max_rejected`` caps how many rejections are spelled out
-    (all of them are counted in ``rejected_counts``)."""
+    (all of them are counted in ``rejected_counts``).
+
+    A multi-node job that may run on scattered machines also gets the options assembled from the single
+    machines of ``book.assemblers`` (policies/assembly.py), ranked by the same model; ``exclude``: offer ids
+    of machines that are taken, which no assembly may use."""
+    q = _quote(book, spec, now=now, top=top, max_rejected=max_rejected)
+    if not (book.assemblers and assemblable(spec)):
+        return q
+    extra = assemble(book, spec, exclude=exclude)
+    if extra is None:
+        return q
+    aq = _quote(extra, spec, now=now, top=top, max_rejected=0)
+    note = f"assembled from {spec.nodes} separately rented machines: ethernet over the internet between them"
+    assembled = [o.model_copy(update={"breakdown": o.breakdown.model_copy(
+        update={"notes": [*o.breakdown.notes, note]})}) if o.breakdown else o for o in aq.options]
+    options = sorted([*q.options, *assembled], key=lambda o: (o.expected_cost_usd, o.stale, o.expected_hours))
+    counts = dict(q.rejected_counts)
+    for code, count in aq.rejected_counts.items():
+        counts[f"{code} (assembled)"] = counts.get(f"{code} (assembled)", 0) + count
+    return q.model_copy(update={"options": options[:top], "rejected_counts": counts,
+                                "notes": [*q.notes, f"{len(extra)} option(s) assembled from single machines"]})
+
+
+def _quote(
+    book: OfferBook,
+    spec: JobSpec,
+    *,
+    now: datetime,
+    top: int,
+    max_rejected: int | None,
+) -> Quote:
     sc = screen(book, spec)
     pos = np.flatnonzero(sc.codes == 0)  # feasible, as positions among the screened rows
     idx = sc.rows[pos]

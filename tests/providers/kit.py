@@ -13,6 +13,8 @@ What the kit checks:
 - errors are the broker.errors hierarchy (a refused or unreachable market raises a ProviderError
   from ``owned``/``offers`` and no secret is in its message);
 - Launches: launch is idempotent on the client token; poll, release and owned behave;
+- AssemblesNodes: several machines are rented as one allocation (owned, polled, released together), and a
+  set one of whose machines cannot be rented leaves nothing behind;
 - DrainsNodes, ListsNodes, HasSpotPriceHistory, RunsBurnIn, Snapshot: each does what it says.
 """
 
@@ -41,8 +43,10 @@ from broker.models import (
     PricePoint,
     Workload,
 )
+from policies.assembly import combine
 from providers.base import LaunchRequest, OfferQuery, Provider, matches
 from providers.capabilities import (
+    AssemblesNodes,
     DrainsNodes,
     HasSpotPriceHistory,
     Launches,
@@ -277,8 +281,49 @@ class SnapshotContract:
         assert {o.observed_at for o in offers} == {p.as_of}
 
 
+class AssemblesNodesContract:
+    """AssemblesNodes: a multi-node launch from several single-machine offers, all or none."""
+
+    async def _members(self, subject: Subject) -> tuple[AssemblesNodes, list[Offer]]:
+        p = subject.provider
+        assert isinstance(p, AssemblesNodes)
+        offers = [o for o in await p.offers(subject.query) if matches(o, subject.query) and o.max_nodes == 1]
+        first = subject.pick(offers)
+        twin = next(o for o in offers if o.id != first.id and (o.gpu, o.gpu_count) == (first.gpu, first.gpu_count))
+        return p, [first, twin]
+
+    @staticmethod
+    def _request(subject: Subject, members: list[Offer]) -> LaunchRequest:
+        one = launch_request(subject, members[0])
+        spec = one.spec.model_copy(update={"gpus": 2 * one.spec.gpus})
+        return one.model_copy(update={"spec": spec, "offer": combine(members), "nodes": len(members),
+                                      "members": members})
+
+    async def test_machines_are_rented_followed_and_released_together(self, subject: Subject) -> None:
+        p, members = await self._members(subject)
+        req = self._request(subject, members)
+        alloc = await p.launch(req)
+        try:
+            assert len(alloc.resource_ids) == 2 and alloc.nodes == 2
+            mine = [a for a in await p.owned() if a.job_id == req.job_id]
+            assert [a.resource_ids for a in mine] == [alloc.resource_ids]
+            status = await p.poll(alloc)
+            assert status.state in (AllocationState.pending, AllocationState.running), status
+        finally:
+            await p.release(alloc)
+        assert [a for a in await p.owned() if a.job_id == req.job_id] == []
+
+    async def test_a_set_that_cannot_all_be_rented_leaves_nothing_behind(self, subject: Subject) -> None:
+        p, members = await self._members(subject)
+        req = self._request(subject, [members[0], members[0]])  # one machine twice: the second rent must fail
+        with pytest.raises(ProviderError):
+            await p.launch(req)
+        assert [a for a in await p.owned() if a.job_id == req.job_id] == []
+
+
 CONTRACTS: dict[type[Provider], type] = {
     Launches: LaunchesContract,
+    AssemblesNodes: AssemblesNodesContract,
     DrainsNodes: DrainsNodesContract,
     ListsNodes: ListsNodesContract,
     HasSpotPriceHistory: SpotHistoryContract,

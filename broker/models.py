@@ -196,10 +196,30 @@ class Perf(BaseModel):
 
 
 class OfferSource(StrEnum):
-    """Where an offer's figures come from: the market now, or a dated snapshot of it (the catalog)."""
+    """Where an offer's figures (its price above all) come from, and so what ``observed_at`` means."""
 
-    live = "live"
-    snapshot = "snapshot"  # read-only; ``observed_at`` is the snapshot's date
+    live = "live"  # the market's latest answer; ``observed_at``: when it answered
+    tracked = "tracked"  # an earlier live answer kept while the market fails to answer; ``observed_at``: its time
+    snapshot = "snapshot"  # a dated snapshot (the bundled catalog); ``observed_at``: the snapshot's date
+
+
+def _age(seconds: float) -> str:
+    s = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+def source_label(source: OfferSource, observed_at: datetime, now: datetime) -> str:
+    """How tables show where a price comes from: 'live', 'live 3h' (older than a minute), 'tracked 5m',
+    'snapshot 2026-11-29'."""
+    if source is OfferSource.snapshot:
+        return f"snapshot {observed_at:%Y-%m-%d}"
+    age = (now - observed_at).total_seconds()
+    if source is OfferSource.live and age < 60:
+        return "live"
+    return f"{source.value} {_age(age)}"
 
 
 class Offer(BaseModel):
@@ -677,6 +697,10 @@ class QuoteOption(BaseModel):
     interruptible: bool = False
     stale: bool = False
     perf_source: str = "datasheet"
+    source: OfferSource = Field(default=OfferSource.live, description="where the offer's price comes from")
+    observed_at: datetime | None = Field(default=None, description="when the price was observed (a snapshot's date)")
+    age_s: float | None = Field(default=None, description="seconds from observed_at to the quote")
+    source_label: str = Field(default="", description="'live', 'tracked 5m', 'snapshot 2026-11-29'")
     breakdown: CostBreakdown | None = None
 
 

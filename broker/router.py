@@ -47,7 +47,6 @@ from broker.models import (
     Job,
     JobState,
     Offer,
-    OfferSource,
     Quote,
     QuoteOption,
     utcnow,
@@ -135,11 +134,9 @@ class Router:
 
     # ------------------------------------------------------------------ ranking
     def _launchable(self, o: QuoteOption, offer: Offer | None, held: Collection[str] = ()) -> bool:
-        provider = self.market.providers.get(o.provider)
         return (
             offer is not None
-            and isinstance(provider, Launches)
-            and offer.source is OfferSource.live
+            and self.market.launchable(offer)
             and not (single_unit(offer) and (o.offer_id in self._taken or o.offer_id in held))
             and self.market.circuits[o.provider].admits()  # an open circuit: not called until its probe
         )

@@ -722,6 +722,9 @@ class Quote(BaseModel):
     notes: list[str] = Field(default_factory=list,
                              description="what the job asks for that no market offers, e.g. 'no market offers B300'")
     offers_considered: int = 0
+    feasible_sources: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="feasible offers per market and price source, e.g. "
+        '{"aws": {"live": 12, "snapshot": 3}}: a job whose options are all snapshot rows cannot run yet')
     at: datetime = Field(default_factory=utcnow)
 
 

@@ -254,6 +254,10 @@ class BrokerConfig(_Section):
     # (0: no limit); a job with its own deadline waits until that deadline instead.
     placement_rounds: int = Field(default=30, ge=0)
     placement_timeout_s: float = Field(default=86400.0, ge=0)
+    # A job whose every feasible option is a snapshot price (the bundled catalog's rows, or a live market's offers
+    # priced from the snapshot): "warn" accepts it with a warning naming what to configure (docs/catalog.md);
+    # "refuse" refuses it (exit 3, HTTP 422) when no market that could run it is configured.
+    snapshot_only_jobs: Literal["warn", "refuse"] = "warn"
 
 
 class TrackerConfig(_Section):

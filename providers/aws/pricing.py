@@ -15,7 +15,8 @@ ask for it meanwhile. When a fetch fails, the region's earlier live prices are u
 marked ``tracked`` with their age; without any, the bundled snapshot's, marked
 ``snapshot`` with its date; either way the reason is logged and reported in
 :meth:`OnDemandPricing.notes` (the provider's health). No fetch is tried again for
-``aws.pricing_retry_s``.
+``aws.pricing_retry_s``. A scan does not wait for a fetch past its own budget: it prices that
+region from the fallback (:meth:`OnDemandPricing.waiting`) and the fetch goes on, for the next scan.
 """
 
 from __future__ import annotations
@@ -137,13 +138,51 @@ class OnDemandPricing:
         self._cache: dict[str, _Entry] = {}
         self._failed: dict[str, tuple[datetime, str]] = {}  # region → (when, why) of its last failed fetch
         self._inflight: dict[str, asyncio.Future[OnDemandPrices]] = {}
+        self._late: set[str] = set()  # regions a scan priced from the fallback while their fetch went on
         self._bound = asyncio.Semaphore(config.pricing_concurrency)
         self.fetches = 0  # GetProducts fetches started (each region's pages count once)
 
+    def start(self, region: str) -> asyncio.Future[OnDemandPrices]:
+        """A region's prices as a future: done at once from the cache (or the fallback while a failed fetch
+        waits out ``pricing_retry_s``), else the fetch in flight, started if none is. Its result never
+        raises: a failure falls back, visibly. Awaiting it with a timeout does not cancel the fetch."""
+        ready = self._ready(region)
+        if ready is not None:
+            done: asyncio.Future[OnDemandPrices] = asyncio.get_running_loop().create_future()
+            done.set_result(ready)
+            return done
+        fut = self._inflight.get(region)
+        if fut is None:
+            fut = asyncio.ensure_future(self._refresh(region))
+            self._inflight[region] = fut
+            fut.add_done_callback(lambda _f: self._inflight.pop(region, None))
+        return fut
+
     async def region(self, region: str) -> OnDemandPrices:
-        """The prices a region's on-demand offers get now; never raises (a failure falls back, visibly)."""
+        """The prices a region's on-demand offers get now (fetched first if due)."""
+        return await asyncio.shield(self.start(region))  # a caller that gives up does not cancel the fetch
+
+    def waiting(self, region: str) -> OnDemandPrices:
+        """What a scan that cannot wait for the region's fetch any longer prices it with: the last live
+        answer (tracked) or the snapshot, noted, until the fetch is done."""
+        self._late.add(region)
+        return self._fallback(region, "no answer yet (still fetching)")
+
+    async def aclose(self) -> None:
+        for fut in list(self._inflight.values()):
+            fut.cancel()
+        await asyncio.gather(*self._inflight.values(), return_exceptions=True)
+        await self.client.aclose()
+
+    def _off(self) -> str:
+        if self.config.use_pricing_api is None:
+            return ("the Price List API is not asked while aws.endpoint_url is set (an emulator has none): "
+                    "set aws.use_pricing_api: true to ask it")
+        return "aws.use_pricing_api is off"
+
+    def _ready(self, region: str) -> OnDemandPrices | None:
         if not self.config.pricing_enabled:
-            return self._snapshot(region, "aws.use_pricing_api is off")
+            return self._snapshot(region, self._off())
         now = self.clock()
         entry = self._cache.get(region)
         if entry is not None and now - entry.fetched_at < timedelta(seconds=self.config.pricing_refresh_s):
@@ -151,12 +190,7 @@ class OnDemandPricing:
         failed = self._failed.get(region)
         if failed is not None and now - failed[0] < timedelta(seconds=self.config.pricing_retry_s):
             return self._fallback(region, failed[1])
-        fut = self._inflight.get(region)
-        if fut is None:
-            fut = asyncio.ensure_future(self._refresh(region))
-            self._inflight[region] = fut
-            fut.add_done_callback(lambda _f: self._inflight.pop(region, None))
-        return await asyncio.shield(fut)  # a scan that gives up does not cancel the fetch others wait on
+        return None
 
     async def prices(self, regions: Iterable[str]) -> dict[str, OnDemandPrices]:
         """Several regions' prices, concurrently (at most ``pricing_concurrency`` fetches at once)."""
@@ -166,8 +200,12 @@ class OnDemandPricing:
 
     def notes(self) -> list[str]:
         """Why a region's on-demand prices are not live (for the provider's health)."""
+        if not self.config.pricing_enabled:
+            return [f"on-demand prices: snapshot {snapshot_date():%Y-%m-%d} ({self._off()})"]
+        why_of = {r: "no answer yet (still fetching)" for r in self._late}
+        why_of.update({r: why for r, (_at, why) in self._failed.items()})
         out = []
-        for region, (_at, why) in sorted(self._failed.items()):
+        for region, why in sorted(why_of.items()):
             kept = self._cache.get(region)
             what = (f"tracked from {kept.fetched_at:%Y-%m-%d %H:%M} UTC" if kept is not None
                     else f"snapshot {snapshot_date():%Y-%m-%d}")
@@ -184,6 +222,7 @@ class OnDemandPricing:
         except (ProviderError, TimeoutError) as exc:
             why = str(exc) if isinstance(exc, ProviderError) else f"no answer within {self.config.region_timeout_s:g}s"
             self._failed[region] = (started, why)
+            self._late.discard(region)
             fallback = self._fallback(region, why)
             log.warning("aws: on-demand prices in %s from the %s: the Price List API failed: %s", region,
                         "last live answer" if fallback.source is OfferSource.tracked else "bundled snapshot", why)
@@ -191,6 +230,7 @@ class OnDemandPricing:
         entry = _Entry(parse_price_list(items, region), started)
         self._cache[region] = entry
         self._failed.pop(region, None)
+        self._late.discard(region)
         log.debug("aws: %d on-demand GPU prices in %s from the Price List API", len(entry.prices.prices), region)
         return self._live(region, entry)
 

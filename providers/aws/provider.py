@@ -131,7 +131,7 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
 
     async def aclose(self) -> None:
         await self.ec2.aclose()
-        await self.pricing.client.aclose()
+        await self.pricing.aclose()
         if self.runs is not None:
             await self.runs.s3.aclose()
 
@@ -212,22 +212,27 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
         return latest_spot_prices(rows)
 
     async def _region_offers(self, region: str, query: OfferQuery | None,
-                             on_demand: asyncio.Future[OnDemandPrices] | None) -> list[Offer]:
+                             on_demand: asyncio.Future[OnDemandPrices] | None, deadline: float) -> list[Offer]:
         markets = set(query.markets) if query and query.markets else {Market.spot, Market.on_demand}
         types = {k: t for k, t in (await self.gpu_types(region)).items() if query_accepts(t, query)}
         if not types or not markets & {Market.spot, Market.on_demand}:
             return []
         zones = await self.offered_zones(region, list(types))
         spot = await self.spot_prices(region, list(zones)) if Market.spot in markets and zones else {}
-        prices = await asyncio.shield(on_demand) if on_demand is not None and zones else None
+        prices = None
+        if on_demand is not None and zones:
+            # The region's budget is the EC2 answer's: past it, the snapshot (noted) and the fetch goes on.
+            done, _ = await asyncio.wait({on_demand}, timeout=max(0.0, deadline - time.monotonic()))
+            prices = on_demand.result() if done else self.pricing.waiting(region)
         return zone_offers(self.config, types, zones, spot, prices, region, provider=self.name)
 
     async def _scan(self, region: str, query: OfferQuery | None,
                     on_demand: asyncio.Future[OnDemandPrices] | None = None) -> list[Offer] | ProviderError:
         started = time.monotonic()
+        budget = self.config.region_timeout_s
         try:
-            offers = await asyncio.wait_for(self._region_offers(region, query, on_demand),
-                                            self.config.region_timeout_s)
+            offers = await asyncio.wait_for(
+                self._region_offers(region, query, on_demand, started + max(budget / 2, budget - 2.0)), budget)
         except (ProviderError, TimeoutError) as exc:
             err = exc if isinstance(exc, ProviderError) else None
             code = err.code if err else "Timeout"
@@ -246,11 +251,8 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
         regions = [r for r in await self.regions() if not (query and query.regions) or r in query.regions]
         # On-demand prices are fetched beside the EC2 calls (cached; never failing a region: see .pricing).
         want_on_demand = not (query and query.markets) or Market.on_demand in query.markets
-        pricing = {r: asyncio.ensure_future(self.pricing.region(r)) for r in regions} if want_on_demand else {}
-        try:
-            results = await asyncio.gather(*(self._scan(r, query, pricing.get(r)) for r in regions))
-        finally:
-            await asyncio.gather(*pricing.values(), return_exceptions=True)
+        pricing = {r: self.pricing.start(r) for r in regions} if want_on_demand else {}
+        results = await asyncio.gather(*(self._scan(r, query, pricing.get(r)) for r in regions))
         failures = [r for r in results if isinstance(r, ProviderError)]
         if regions and len(failures) == len(regions):
             raise failures[0]  # nothing answered: let the market mark AWS stale

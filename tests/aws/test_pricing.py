@@ -318,3 +318,34 @@ async def test_regions_all_asks_for_opted_in_regions_only() -> None:
         )
         assert await aws.regions() == ["eu-south-2", "us-east-1"]
         assert await aws.regions() == ["eu-south-2", "us-east-1"]  # cached: one call
+
+
+async def test_a_scan_that_cannot_wait_prices_from_the_fallback_and_the_fetch_goes_on(shared_data: Path) -> None:
+    """The fetch is held until the test lets it answer: a scan past its budget gets the snapshot, noted; the
+    fetch is not cancelled, and once it answers the region is live (from the cache, no second fetch)."""
+    items, prices = region_answer(shared_data, "eu-west-1", SKUS["eu-west-1"])
+    async with stubbed_pricing(pricing_config(regions=["eu-west-1"])) as (pricing, stub, raw):
+        answer = asyncio.Event()
+
+        async def held(**_: Any) -> None:
+            await answer.wait()
+
+        raw.meta.events.register("after-call.pricing.GetProducts", held)
+        expect_products(stub, "eu-west-1", items)
+        fut = pricing.start("eu-west-1")
+        done, _ = await asyncio.wait({fut}, timeout=0)  # a scan whose budget is spent
+        assert not done
+        late = pricing.waiting("eu-west-1")
+        assert late.source is OfferSource.snapshot and "still fetching" in late.note
+        assert "still fetching" in pricing.notes()[0]
+        answer.set()
+        got = await fut
+        assert got.source is OfferSource.live and dict(got.prices) == prices
+        assert (await pricing.region("eu-west-1")) == got and pricing.fetches == 1 and pricing.notes() == []
+
+
+def test_off_says_so() -> None:
+    off = OnDemandPricing(stub_config(use_pricing_api=False), PricingClient(stub_config(), session=_session()))
+    assert off.notes() == [f"on-demand prices: snapshot {snapshot_date():%Y-%m-%d} (aws.use_pricing_api is off)"]
+    auto = OnDemandPricing(stub_config(), PricingClient(stub_config(), session=_session()))  # endpoint_url is set
+    assert "set aws.use_pricing_api: true" in auto.notes()[0]

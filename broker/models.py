@@ -8,6 +8,7 @@ silently ignored setting.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -211,15 +212,25 @@ def _age(seconds: float) -> str:
     return f"{s}s"
 
 
+@functools.lru_cache(maxsize=256)
+def _snapshot_label(observed_ts: float) -> str:
+    return f"snapshot {datetime.fromtimestamp(observed_ts, UTC):%Y-%m-%d}"
+
+
+def source_label_at(source: OfferSource, observed_ts: float, age_s: float) -> str:
+    """:func:`source_label` from a POSIX time and an age in seconds (what the offer book holds)."""
+    if source is OfferSource.snapshot:
+        return _snapshot_label(observed_ts)
+    if source is OfferSource.live and age_s < 60:
+        return "live"
+    return f"{source.value} {_age(age_s)}"
+
+
 def source_label(source: OfferSource, observed_at: datetime, now: datetime) -> str:
     """How tables show where a price comes from: 'live', 'live 3h' (older than a minute), 'tracked 5m',
     'snapshot 2026-11-29'."""
-    if source is OfferSource.snapshot:
-        return f"snapshot {observed_at:%Y-%m-%d}"
-    age = (now - observed_at).total_seconds()
-    if source is OfferSource.live and age < 60:
-        return "live"
-    return f"{source.value} {_age(age)}"
+    ts = observed_at.timestamp()
+    return source_label_at(source, ts, now.timestamp() - ts)
 
 
 class Offer(BaseModel):

@@ -104,6 +104,18 @@ def test_the_real_price_list_shape_is_read(shared_data: Path) -> None:
     assert got.published == PUBLISHED
 
 
+def test_regions_all_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from broker.config import Settings
+
+    monkeypatch.setenv("LOCKSTEP_AWS__REGIONS", "all")
+    monkeypatch.setenv("LOCKSTEP_AWS__PRICING_CONCURRENCY", "2")
+    aws = Settings().aws
+    assert aws.regions == "all" and aws.pricing_concurrency == 2
+    monkeypatch.setenv("LOCKSTEP_AWS__PRICING_CONCURRENCY", "0")
+    with pytest.raises(Exception, match="pricing_concurrency"):
+        Settings()
+
+
 def test_config_regions_all_and_the_pricing_switch() -> None:
     assert AwsConfig(regions="all").all_regions and AwsConfig(regions=["all"]).regions == "all"
     assert AwsConfig(regions="all").home_region == "us-east-1"
@@ -132,7 +144,14 @@ async def test_live_prices_of_three_regions_replace_the_snapshots(aws_moto: str,
     query = OfferQuery(gpus=["A100-SXM-40GB", "H100-SXM"], markets=[Market.on_demand])
     expected: dict[tuple[str, str], float] = {}
     async with aws:
-        stub = Stubber(await aws.pricing.client.client("us-east-1"))
+        raw = await aws.pricing.client.client("us-east-1")
+        barrier = asyncio.Barrier(len(REGIONS))
+
+        async def all_in_flight(**_: Any) -> None:  # the scan fetches its regions together, or never gets past
+            await asyncio.wait_for(barrier.wait(), 30)
+
+        raw.meta.events.register("after-call.pricing.GetProducts", all_in_flight)
+        stub = Stubber(raw)
         for region in REGIONS:
             items, prices = region_answer(shared_data, region, SKUS[region])
             expect_products(stub, region, items)

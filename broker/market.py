@@ -319,9 +319,10 @@ class Marketplace:
         if query is not None:
             offers = [o for o in offers if matches(o, query)]
         self._offers[name] = offers
-        health.notes = provider.notes()
-        for note in health.notes:
+        notes = provider.notes()
+        for note in set(notes) - set(health.notes):  # logged when they appear, not at every refresh
             log.info("provider %s: %s", name, note)
+        health.notes = notes
         health.ok, health.last_error, health.latency_s = True, "", elapsed
         health.last_ok, health.offers = self.clock(), len(offers)
         if self.on_refresh:

@@ -8,6 +8,7 @@ silently ignored setting.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -199,10 +200,40 @@ class Perf(BaseModel):
 
 
 class OfferSource(StrEnum):
-    """Where an offer's figures come from: the market now, or a dated snapshot of it (the catalog)."""
+    """Where an offer's figures (its price above all) come from, and so what ``observed_at`` means."""
 
-    live = "live"
-    snapshot = "snapshot"  # read-only; ``observed_at`` is the snapshot's date
+    live = "live"  # the market's latest answer; ``observed_at``: when it answered
+    tracked = "tracked"  # an earlier live answer kept while the market fails to answer; ``observed_at``: its time
+    snapshot = "snapshot"  # a dated snapshot (the bundled catalog); ``observed_at``: the snapshot's date
+
+
+def _age(seconds: float) -> str:
+    s = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+@functools.lru_cache(maxsize=256)
+def _snapshot_label(observed_ts: float) -> str:
+    return f"snapshot {datetime.fromtimestamp(observed_ts, UTC):%Y-%m-%d}"
+
+
+def source_label_at(source: OfferSource, observed_ts: float, age_s: float) -> str:
+    """:func:`source_label` from a POSIX time and an age in seconds (what the offer book holds)."""
+    if source is OfferSource.snapshot:
+        return _snapshot_label(observed_ts)
+    if source is OfferSource.live and age_s < 60:
+        return "live"
+    return f"{source.value} {_age(age_s)}"
+
+
+def source_label(source: OfferSource, observed_at: datetime, now: datetime) -> str:
+    """How tables show where a price comes from: 'live', 'live 3h' (older than a minute), 'tracked 5m',
+    'snapshot 2026-11-29'."""
+    ts = observed_at.timestamp()
+    return source_label_at(source, ts, now.timestamp() - ts)
 
 
 class Offer(BaseModel):
@@ -714,6 +745,10 @@ class QuoteOption(BaseModel):
     interruptible: bool = False
     stale: bool = False
     perf_source: str = "datasheet"
+    source: OfferSource = Field(default=OfferSource.live, description="where the offer's price comes from")
+    observed_at: datetime | None = Field(default=None, description="when the price was observed (a snapshot's date)")
+    age_s: float | None = Field(default=None, description="seconds from observed_at to the quote")
+    source_label: str = Field(default="", description="'live', 'tracked 5m', 'snapshot 2026-11-29'")
     breakdown: CostBreakdown | None = None
 
 
@@ -735,6 +770,9 @@ class Quote(BaseModel):
     notes: list[str] = Field(default_factory=list,
                              description="what the job asks for that no market offers, e.g. 'no market offers B300'")
     offers_considered: int = 0
+    feasible_sources: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="feasible offers per market and price source, e.g. "
+        '{"aws": {"live": 12, "snapshot": 3}}: a job whose options are all snapshot rows cannot run yet')
     at: datetime = Field(default_factory=utcnow)
 
 

@@ -48,7 +48,6 @@ from broker.models import (
     JobState,
     Market,
     Offer,
-    OfferSource,
     Quote,
     QuoteOption,
     utcnow,
@@ -61,7 +60,7 @@ from policies.book import DEFAULT_SPOT_PREEMPTIONS_PER_HOUR
 from policies.placement import DECISION_INTERVAL_HOURS, Decision, Situation, candidates, decide, progress_hours
 from policies.ranking import quote as rank_quote
 from providers.base import LaunchRequest
-from providers.capabilities import AssemblesNodes, Launches, RunsBurnIn
+from providers.capabilities import Launches, RunsBurnIn
 from providers.runtime.manifest import RunRequest
 
 if TYPE_CHECKING:
@@ -147,12 +146,9 @@ class Router:
 
     # ------------------------------------------------------------------ ranking
     def _launchable(self, o: QuoteOption, offer: Offer | None, held: Collection[str] = ()) -> bool:
-        provider = self.market.providers.get(o.provider)
         return (
             offer is not None
-            and isinstance(provider, Launches)
-            and (not is_assembled(offer.id) or isinstance(provider, AssemblesNodes))
-            and offer.source is OfferSource.live
+            and self.market.launchable(offer)
             and not any(u in self._taken or u in held for u in unit_ids(offer))
             and self.market.circuits[o.provider].admits()  # an open circuit: not called until its probe
         )

@@ -118,6 +118,11 @@ class Provider(abc.ABC):
     async def offers(self, query: OfferQuery | None = None) -> list[Offer]:
         """Current offers, normalised. May push ``query`` down; never returns fewer than match."""
 
+    def notes(self) -> list[str]:
+        """What its last answer lacks though it answered (e.g. prices from a snapshot), and why: the market
+        shows them in the provider's health. Nothing by default."""
+        return []
+
     async def aclose(self) -> None:
         """Release connections and clients."""
         return None

@@ -119,10 +119,9 @@ class ListsNodes(Provider):
 class HasSpotPriceHistory(Provider):
     """Keeps a spot-price history the tracker can read incrementally (EC2's DescribeSpotPriceHistory)."""
 
-    @property
     @abc.abstractmethod
-    def price_regions(self) -> list[str]:
-        """The regions whose history it reads."""
+    async def price_regions(self) -> list[str]:
+        """The regions whose history it reads (they may have to be listed first: ``aws.regions: all``)."""
 
     @abc.abstractmethod
     async def spot_price_history(

@@ -101,6 +101,7 @@ def moto_config(endpoint_url: str, **overrides: object) -> AwsConfig:
         "max_attempts": 2,
         "placement_groups": False,  # moto answers CreatePlacementGroup with an HTML 500
         "capacity_reservations": False,  # likewise DescribeCapacityReservations
+        "use_pricing_api": False,  # and the Price List API (tests/aws/test_pricing.py stubs it)
     }
     data.update(overrides)
     return AwsConfig.model_validate(data)

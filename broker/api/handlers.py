@@ -6,6 +6,7 @@ document is generated from, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -196,8 +197,12 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
     resp.enable_chunked_encoding()
     await resp.prepare(request)
     try:
-        async for ln in lines_in:
-            await resp.write((ln.model_dump_json() + "\n").encode())
+        try:
+            async with asyncio.timeout(svc.settings.api.log_follow_max_s):
+                async for ln in lines_in:
+                    await resp.write((ln.model_dump_json() + "\n").encode())
+        except TimeoutError:
+            pass  # api.log_follow_max_s: the client follows again if it wants more
         await resp.write_eof()
     except ConnectionResetError:
         pass  # the client went away: nobody is left to read the rest

@@ -10,7 +10,7 @@ import typer
 from broker.cli import render
 from broker.cli.app import get_ctx
 from broker.cli.backend import Backend, with_backend
-from broker.models import Job, JobState, LogLine
+from broker.models import TERMINAL_STATES, Job, JobState, LogLine
 from broker.specs import load_spec
 
 
@@ -128,5 +128,9 @@ def logs(
             ranks.add(ln.rank)
             show(ln, ranks)
             sys.stdout.flush()
+        job = await backend.status(job_id)
+        if job.state not in TERMINAL_STATES:  # the server's api.log_follow_max_s ended the stream
+            typer.echo(f"lockstep: the server ended the stream; job {job_id} is {job.state.value} "
+                       f"(lockstep logs {job_id} -f --tail 0 carries on)", err=True)
 
     with_backend(c, run, need_store=True)

@@ -458,7 +458,10 @@ class JobLifecycle:
                 attrs[RELEASING] = self.clock().isoformat()
                 await asyncio.to_thread(self.store.update_allocation, alloc.id, attrs=attrs)
             if isinstance(provider, HasJobLogs) and alloc.resource_ids:
-                await self.archive_logs(alloc, provider)
+                try:
+                    await self.archive_logs(alloc, provider)
+                except Exception:  # keeping the log must never keep a machine billing
+                    log.exception("log of %s not kept", alloc.id)
             try:
                 await provider.release(alloc)
             except ProviderError as exc:

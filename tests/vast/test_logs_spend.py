@@ -70,7 +70,11 @@ class Served:
         return Job.model_validate(r.json())
 
     async def until_ended(self, job_id: str) -> Job:
-        return await eventually(lambda: self.job(job_id), lambda j: j.state in TERMINAL_STATES, "the job ends")
+        """The job once it has ended and its machine is given back and booked (in the same poll, just after)."""
+        job = await eventually(lambda: self.job(job_id), lambda j: j.state in TERMINAL_STATES, "the job ends")
+        await eventually(lambda: self.svc.job_allocations(job_id), lambda allocs: all(
+            a.cost_usd is not None for a in allocs), "its allocation is released and booked")
+        return await self.job(job_id)
 
     async def cli(self, *args: str, server: bool = True, token: str | None = None) -> tuple[int, str, str]:
         """``lockstep ARGS`` in a subprocess, through this server (or locally, on the same store and market)."""
@@ -155,7 +159,7 @@ async def test_a_job_that_exits_3_streams_its_log_masks_its_secret_and_keeps_it_
     go.write_text("go")
     assert await asyncio.wait_for(stream, 90) == 200  # the stream ends by itself once the job has ended
 
-    job = await served.job(job.id, served.alice)
+    job = await served.until_ended(job.id)
     assert job.state is JobState.failed and "exit code 3" in job.reason, job.reason
     assert not [e for e in job.events if e.to_state is JobState.cancelled]
     assert not served.vast.state.instances  # destroyed because the command ended

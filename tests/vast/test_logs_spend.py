@@ -71,7 +71,7 @@ class Served:
 
     async def until_ended(self, job_id: str) -> Job:
         """The job once it has ended and its machine is given back and booked (in the same poll, just after)."""
-        job = await eventually(lambda: self.job(job_id), lambda j: j.state in TERMINAL_STATES, "the job ends")
+        await eventually(lambda: self.job(job_id), lambda j: j.state in TERMINAL_STATES, "the job ends")
         await eventually(lambda: self.svc.job_allocations(job_id), lambda allocs: all(
             a.cost_usd is not None for a in allocs), "its allocation is released and booked")
         return await self.job(job_id)

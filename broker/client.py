@@ -12,6 +12,7 @@ message or a repr.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -22,6 +23,7 @@ from broker.models import (
     GpuSummary,
     Job,
     JobState,
+    LogLine,
     Offer,
     PriceFilter,
     PriceSeries,
@@ -150,6 +152,41 @@ class RemoteBackend:
     async def cancel(self, job_id: str) -> Job:
         resp = await self._call("DELETE", f"/v1/jobs/{_segment(job_id)}")
         return Job.model_validate_json(resp.content)
+
+    async def logs(self, job_id: str, tail: int | None) -> list[LogLine]:
+        params = {"tail": str(tail)} if tail is not None else None
+        resp = await self._call("GET", f"/v1/jobs/{_segment(job_id)}/logs", params=params,
+                                headers={"Accept": "application/x-ndjson"})
+        return [LogLine.model_validate_json(raw) for raw in resp.text.splitlines() if raw.strip()]
+
+    async def follow_logs(self, job_id: str, tail: int | None) -> AsyncIterator[LogLine]:
+        """``GET /v1/jobs/{id}/logs?follow=true``: the server's NDJSON stream, a line at a time, with no read
+        timeout (a quiet job sends nothing for a while)."""
+        params = {"follow": "true", **({"tail": str(tail)} if tail is not None else {})}
+        req = self._http.build_request("GET", f"/v1/jobs/{_segment(job_id)}/logs", params=params,
+                                       headers={"Accept": "application/x-ndjson"},
+                                       timeout=httpx.Timeout(self._http.timeout.connect, read=None))
+        try:
+            resp = await self._http.send(req, stream=True)
+        except httpx.TimeoutException:
+            raise LockstepError(f"{self.server}: the server did not answer in time") from None
+        except httpx.TransportError as exc:
+            raise LockstepError(f"{self.server}: cannot reach the server ({type(exc).__name__})") from None
+        if resp.status_code >= 400:
+            await resp.aread()
+            await resp.aclose()
+            raise _error(resp)
+        return self._lines(resp)
+
+    async def _lines(self, resp: httpx.Response) -> AsyncIterator[LogLine]:
+        try:
+            async for raw in resp.aiter_lines():
+                if raw.strip():
+                    yield LogLine.model_validate_json(raw)
+        except httpx.TransportError as exc:
+            raise LockstepError(f"{self.server}: the log stream broke off ({type(exc).__name__})") from None
+        finally:
+            await resp.aclose()
 
     # ------------------------------------------------------------------ tokens, tenants, prices (admin ones need
     # an admin token; the server answers 403 otherwise)

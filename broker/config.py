@@ -336,6 +336,9 @@ class ApiConfig(_Section):
     bad_token_burst: int = Field(default=20, ge=1)
     # GET /openapi.json and /docs without a token (the document holds no secrets); false: a user or admin token
     public_docs: bool = True
+    # A followed log (GET /v1/jobs/{id}/logs?follow=true) is ended after this long even if its job still runs:
+    # no connection is held forever (a job that waits days to be placed, a client that forgot it)
+    log_follow_max_s: float = Field(default=86400.0, gt=0)
 
 
 def credential_files(section: object) -> tuple[tuple[str, tuple[int, ...] | None], ...]:

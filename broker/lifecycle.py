@@ -35,8 +35,9 @@ from broker.models import (
     QuoteOption,
     utcnow,
 )
+from broker.secrets import SecretSources, mask
 from providers.base import Provider
-from providers.capabilities import Launches, RunsBurnIn
+from providers.capabilities import HasJobLogs, Launches, RunsBurnIn
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 
 # Allocation states in which the provider no longer runs anything for the job.
 ENDED = (AllocationState.released, AllocationState.failed, AllocationState.succeeded, AllocationState.preempted)
+# The allocation state a poll answers when the provider holds nothing any more (no release needed; a preempted
+# Vast instance, for one, still exists, stopped, until it is destroyed).
+GONE = (AllocationState.released,)
 # Job states in which a job holds, or is getting, an allocation.
 HOLDING = (JobState.placing, JobState.provisioning, JobState.running)
 
@@ -88,13 +92,24 @@ def _tries(tries: Sequence[LaunchTry]) -> dict[str, Any]:
     return {"tries": [t.as_event() for t in tries]} if tries else {}
 
 
+def billing_start(alloc: Allocation, attrs: Mapping[str, str] | None = None) -> datetime:
+    """When an allocation began to cost: when a poll first saw it running, else when it was launched (an
+    attempt that ended before any poll saw it run)."""
+    since = (alloc.attrs if attrs is None else attrs).get("running_since")
+    return datetime.fromisoformat(since) if since else alloc.created_at
+
+
 def run_cost(alloc: Allocation, attrs: Mapping[str, str], now: datetime) -> float:
-    """What an allocation has cost since it was first seen running (USD)."""
+    """What an allocation has cost since it was first seen running (USD, not rounded to any billing unit)."""
     since = attrs.get("running_since")
     if not since:
         return 0.0
     hours = max((now - datetime.fromisoformat(since)).total_seconds(), 0.0) / 3600.0
     return hours * alloc.usd_per_hour
+
+
+RELEASING = "releasing_at"  # attrs: when a release call began that has not been recorded yet (a crash's trace)
+ARCHIVE_BYTES = 1 << 20  # the last MiB of each node's log is kept in the store when its allocation ends
 
 
 # A running job is stopped by the broker this long after its max_duration, if its wrapper (which stops the
@@ -185,11 +200,13 @@ class JobLifecycle:
         *,
         clock: Callable[[], datetime] = utcnow,
         burn_in: BurnInResults | None = None,
+        secrets: SecretSources | None = None,
     ) -> None:
         self.store = store
         self.providers: Mapping[str, Provider] = providers if providers is not None else {}
         self.clock = clock
         self.burn_in = burn_in
+        self.secrets = secrets  # to mask a job's secret values in the log kept at its end
 
     async def _move(self, job_id: str, to: JobState, reason: str, data: dict[str, Any] | None,
                     expected: set[JobState] | None, **fields: Any) -> Job:
@@ -325,7 +342,9 @@ class JobLifecycle:
 
         ``exit``: how the command ended, as its wrapper reported (succeeded/failed polls). The job ends with
         its exit code and last lines, and its machines are given back at once — a cloud machine still
-        shutting down, a marketplace container sitting exited — so billing stops within this poll. A
+        shutting down, a marketplace container sitting exited — so billing stops within this poll (also when
+        the market reports the end without an exit status). Every allocation that ends has its cost booked
+        into its job once (:meth:`ended`) and, where the market serves logs, its last log kept. A
         running job past its ``max_duration`` (plus the wrapper's margin) is stopped here if its wrapper
         did not stop it.
         """
@@ -335,34 +354,40 @@ class JobLifecycle:
         except NotFoundError:
             return None
         if job.state in TERMINAL_STATES:
-            if state not in ENDED:  # a finished job still holding capacity: give it back
-                await self.release(alloc, f"job is {job.state.value}")
+            if state in GONE:  # gone already (a release a crash interrupted before it was recorded): record, book
+                await self.ended(alloc, state, reason or f"job is {job.state.value}")
+            else:  # a finished job still holding capacity (its command's end included): give it back
+                await self.release(alloc, f"job is {job.state.value}",
+                                   state=state if state in ENDED else AllocationState.released)
             return None
         attrs = dict(alloc.attrs)
         if hosts:
             attrs["hosts"] = ",".join(hosts)
         if state is AllocationState.running and "running_since" not in attrs:
             attrs["running_since"] = now.isoformat()
-        if state is not alloc.state or attrs != alloc.attrs:
-            await asyncio.to_thread(self.store.update_allocation, alloc.id, state=state, attrs=attrs,
+        # An allocation that ended stays live in the store until it is given back and booked (release, ended):
+        # a crash before that leaves it for the next poll, not for nobody.
+        recorded = alloc.state if state in ENDED else state
+        if recorded is not alloc.state or attrs != alloc.attrs:
+            await asyncio.to_thread(self.store.update_allocation, alloc.id, state=recorded, attrs=attrs,
                                     reason=reason or alloc.reason)
-        spent = job.spent_usd + run_cost(alloc, attrs, now) if state in ENDED else job.spent_usd
+        alloc = alloc.model_copy(update={"attrs": attrs})
         if state is AllocationState.running and overdue(job, attrs, now):
-            await self.release(alloc, "max_duration exceeded", state=AllocationState.failed)
             try:
-                return (await self._move(
+                moved = (await self._move(
                     job.id, JobState.failed, f"max_duration {job.spec.max_duration} exceeded: stopped and released",
-                    {"allocation": alloc.id, "exit_reason": "max_duration"}, {JobState.running},
-                    spent_usd=job.spent_usd + run_cost(alloc, attrs, now))).state
+                    {"allocation": alloc.id, "exit_reason": "max_duration"}, {JobState.running})).state
             except ConflictError:
                 return None
+            await self.release(alloc, "max_duration exceeded", state=AllocationState.failed)
+            return moved
         if job.spec.burn_in and self.burn_in is not None and isinstance(
                 self.providers.get(alloc.provider), RunsBurnIn) and state in (
                 AllocationState.running, AllocationState.succeeded, AllocationState.failed):
             bad = await self._burn_in_failure(job, alloc)
             if bad and state is AllocationState.running:
                 try:
-                    return await self.requeue_preempted(job, alloc, bad, spent)
+                    return await self.requeue_preempted(job, alloc, bad)
                 except ConflictError:
                     return None
 
@@ -372,8 +397,12 @@ class JobLifecycle:
                 return (await self._move(job.id, JobState.running, f"running on {where}", {"allocation": alloc.id},
                                          {JobState.provisioning})).state
             if state in (AllocationState.succeeded, AllocationState.failed):
-                if exit is not None:  # the wrapper saw the command end: the machines are idle from now on
-                    await self.release(alloc, f"the job's command ended ({exit.describe()})", state=state)
+                # The command ended: the machines are idle from now on, whether the wrapper's status came back
+                # (``exit``) or the market only says it stopped (a Vast container that exited still bills until
+                # it is destroyed). The job ends first, then its machines are given back in this same poll (last
+                # log kept, cost booked): a crash in between leaves a finished job holding an allocation, which
+                # the next poll gives back and books — never a finished job taken for a preempted one.
+                ended = exit.describe() if exit is not None else reason or state.value
                 ok = state is AllocationState.succeeded
                 why = (f"finished: {exit.describe()}" if exit is not None else reason or "finished") if ok else (
                     f"failed: {exit.describe()}" if exit is not None else reason or "failed at provider")
@@ -381,14 +410,15 @@ class JobLifecycle:
                 if exit is not None:
                     data.update(exit_code=exit.exit_code, exit_reason=exit.reason.value, node=exit.rank,
                                 last_lines=exit.last_lines)
-                return (await self._move(job.id, JobState.succeeded if ok else JobState.failed, why, data,
-                                         {JobState.provisioning, JobState.running}, spent_usd=spent)).state
+                moved = (await self._move(job.id, JobState.succeeded if ok else JobState.failed, why, data,
+                                          {JobState.provisioning, JobState.running})).state
+                await self.release(alloc, f"the job's command ended ({ended})", state=state)
+                return moved
             if state is AllocationState.preempted:
-                return await self.requeue_preempted(job, alloc, reason or "preempted by the provider", spent)
+                return await self.requeue_preempted(job, alloc, reason or "preempted by the provider")
             if state is AllocationState.released:
                 # Gone without us releasing it (e.g. cancelled outside Lockstep): requeue it.
-                return await self.requeue_preempted(job, alloc, reason or "allocation disappeared at the provider",
-                                                    spent)
+                return await self.requeue_preempted(job, alloc, reason or "allocation disappeared at the provider")
         except ConflictError:
             pass  # someone else moved the job (cancel); the next poll sees the new state
         return None
@@ -399,24 +429,93 @@ class JobLifecycle:
         bad = [b for b in await self.burn_in(job, alloc) if not b.healthy]
         return f"burn-in failed on {bad[0].target}: {bad[0].reason}" if bad else ""
 
-    async def requeue_preempted(self, job: Job, alloc: Allocation, reason: str, spent: float) -> JobState:
-        """provisioning/running → preempted → pending: the allocation is given back (recorded as preempted),
-        the preemption counted, and the job resumes from its checkpoint on the next placement."""
+    async def requeue_preempted(self, job: Job, alloc: Allocation, reason: str) -> JobState:
+        """provisioning/running → preempted → pending: the allocation is given back (recorded as preempted, its
+        cost booked), the preemption counted, and the job resumes from its checkpoint on the next placement."""
         await self.release(alloc, reason, state=AllocationState.preempted)
         await self._move(job.id, JobState.preempted, reason, {"allocation": alloc.id},
-                         {JobState.provisioning, JobState.running}, preemptions=job.preemptions + 1, spent_usd=spent)
+                         {JobState.provisioning, JobState.running}, preemptions=job.preemptions + 1)
         return (await self._move(job.id, JobState.pending,
                                  f"requeued after preemption #{job.preemptions + 1}; resumes from its last checkpoint",
                                  {}, {JobState.preempted})).state
 
-    async def release(self, alloc: Allocation, reason: str, state: AllocationState = AllocationState.released) -> None:
-        """Give an allocation back to its provider and record it as ``state``; a failed release is left
-        unrecorded (still live), so reconciliation retries it."""
+    # ------------------------------------------------------------------ the end of an allocation
+    async def release(self, alloc: Allocation, reason: str, state: AllocationState = AllocationState.released,
+                      *, raise_errors: bool = False) -> None:
+        """Give an allocation back to its provider and record it as ``state``, its cost booked into its job and
+        the last of its log kept (docs/runtime.md). A failed release is left unrecorded (still live), so
+        reconciliation retries it; with ``raise_errors`` the ProviderError reaches the caller too.
+
+        Crash safety: the moment the release call begins is written on the record first (``releasing_at``)
+        and cleared when the call fails. A crash after the machine is gone but before the record says so
+        leaves that mark; the next end of the same record (a poll, a reconcile) books the cost up to it.
+        Booking is the store's compare-and-set on ``cost_usd IS NULL``: never twice.
+        """
         provider = self.providers.get(alloc.provider)
-        if isinstance(provider, Launches):
+        if isinstance(provider, Launches) and (alloc.resource_ids or alloc.state is not AllocationState.intent):
+            attrs = dict(alloc.attrs)
+            if alloc.resource_ids and RELEASING not in attrs:
+                attrs[RELEASING] = self.clock().isoformat()
+                await asyncio.to_thread(self.store.update_allocation, alloc.id, attrs=attrs)
+            if isinstance(provider, HasJobLogs) and alloc.resource_ids:
+                try:
+                    await self.archive_logs(alloc, provider)
+                except Exception:  # keeping the log must never keep a machine billing
+                    log.exception("log of %s not kept", alloc.id)
             try:
                 await provider.release(alloc)
             except ProviderError as exc:
                 log.warning("release %s: %s (reconciliation will retry)", alloc.id, exc)
+                attrs.pop(RELEASING, None)
+                await asyncio.to_thread(self.store.update_allocation, alloc.id, attrs=attrs)
+                if raise_errors:
+                    raise
                 return
-        await asyncio.to_thread(self.store.update_allocation, alloc.id, state=state, reason=reason)
+            alloc = alloc.model_copy(update={"attrs": attrs})
+        await self.ended(alloc, state, reason)
+
+    async def ended(self, alloc: Allocation, state: AllocationState, reason: str) -> Allocation:
+        """Record an allocation that no longer holds anything as ``state``, booking its cost once: its price ×
+        its billed time (from when it was first seen running, or launched, to now — or to when a release a
+        crash interrupted began), rounded per its provider's billing granularity. Nothing is booked for an
+        allocation that never reached the provider."""
+        provider = self.providers.get(alloc.provider)
+        billing = provider.billing if provider is not None else Provider.billing
+        current = await asyncio.to_thread(self.store.get_allocation, alloc.id)
+        attrs = {**current.attrs, **alloc.attrs}
+        end = datetime.fromisoformat(attrs[RELEASING]) if RELEASING in attrs else self.clock()
+        seconds = (end - billing_start(current, attrs)).total_seconds()
+        launched = bool(current.resource_ids or alloc.resource_ids)
+        billed = billing.billed_seconds(seconds) if launched else 0.0
+        cost = current.usd_per_hour * billed / 3600.0
+        done, booked = await asyncio.to_thread(self.store.end_allocation, alloc.id, state=state, reason=reason,
+                                               ended_at=end, cost_usd=cost, billed_s=billed)
+        if booked and cost:
+            log.info("allocation %s of job %s ended: %.0f s billed, $%.4f", alloc.id, alloc.job_id, billed, cost)
+        return done
+
+    async def archive_logs(self, alloc: Allocation, provider: HasJobLogs) -> None:
+        """Keep the last of each node's log in the store, secret values masked: the machine, and the market's
+        copy of its log, go with the release. A log that cannot be read now is left (a warning), never a
+        reason not to release."""
+        values: list[str] = []
+        if self.secrets is not None:
+            try:
+                job = await asyncio.to_thread(self.store.get_job, alloc.job_id)
+                values = self.secrets.values(job.spec)
+            except NotFoundError:
+                return
+        for rank in range(max(alloc.nodes, 1)):
+            try:
+                text = await provider.job_log(alloc, rank=rank)
+            except (ProviderError, OSError) as exc:
+                log.warning("log of %s (node %d) not kept: %s", alloc.id, rank, exc)
+                continue
+            if not text:
+                continue
+            text = mask(text, values)
+            truncated = len(text.encode()) > ARCHIVE_BYTES
+            if truncated:
+                tail = text.encode()[-ARCHIVE_BYTES:].decode(errors="ignore")
+                text = tail[tail.find("\n") + 1:]
+            await asyncio.to_thread(self.store.archive_log, alloc.id, rank, text, truncated=truncated)

@@ -25,6 +25,7 @@ from broker.market import CircuitOpen, Marketplace
 from broker.models import Allocation, AllocationState, Job, JobState, Market, utcnow
 from broker.reconcile import ReconcileReport, reconcile
 from broker.router import PlacementResult, Router
+from broker.secrets import SecretSources
 from policies.placement import rebalance
 
 if TYPE_CHECKING:
@@ -64,7 +65,8 @@ class BrokerLoops:
         self.market = market
         self.clock = clock
         self.worker = worker or f"broker-{secrets.token_hex(4)}"
-        self.lifecycle = JobLifecycle(store, market.providers, clock=clock, burn_in=burn_in)
+        self.lifecycle = JobLifecycle(store, market.providers, clock=clock, burn_in=burn_in,
+                                      secrets=SecretSources(settings.secrets))
         self.router = Router(settings, store, market, clock=clock, preemption_rates=preemption_rates,
                              on_placed=on_placed, lifecycle=self.lifecycle)
         self.wake = wake or asyncio.Event()

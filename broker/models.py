@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import re
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -35,6 +36,12 @@ from broker.gpus import GPU_SPECS, Runtime, normalise_gpu, resolve_request
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def month_start(now: datetime) -> datetime:
+    """The start of ``now``'s calendar month (UTC): where month-to-date spend and budgets begin."""
+    now = now.astimezone(UTC)
+    return datetime(now.year, now.month, 1, tzinfo=UTC)
 
 
 def as_utc(value: datetime | str) -> datetime:
@@ -824,7 +831,10 @@ class Job(BaseModel):
     attempts: int = 0
     preemptions: int = 0
     placement: QuoteOption | None = None
-    spent_usd: float = 0.0
+    spent_usd: float = Field(default=0.0, description="USD booked for the job's ended allocations: each one's "
+                                                      "price × billed time, recorded once when it is released")
+    accruing_usd: float = Field(default=0.0, description="USD its live allocation has cost so far (not booked "
+                                                         "yet; 0 when it holds none)")
     decision: dict[str, Any] = Field(default_factory=dict)  # burst / market decision and its numbers
     events: list[JobEvent] = Field(default_factory=list)
 
@@ -848,6 +858,34 @@ class Allocation(BaseModel):
     updated_at: datetime = Field(default_factory=utcnow)
     reason: str = ""
     attrs: dict[str, str] = Field(default_factory=dict)
+    cost_usd: float | None = Field(default=None, description="what it cost, booked when it ended (None until then)")
+    billed_s: float | None = Field(default=None, description="the seconds billed, per its market's granularity")
+    ended_at: datetime | None = None
+
+
+class Billing(BaseModel):
+    """How a market bills a machine's time: whole increments of ``increment_s`` seconds (rounded up), and at
+    least ``minimum_s`` once it has started. A provider says its own (``Provider.billing``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    increment_s: float = Field(default=1.0, ge=0)
+    minimum_s: float = Field(default=0.0, ge=0)
+
+    def billed_seconds(self, seconds: float) -> float:
+        s = max(seconds, 0.0)
+        if self.increment_s > 0:
+            s = math.ceil(s / self.increment_s - 1e-9) * self.increment_s
+        return max(s, self.minimum_s)
+
+    def cost(self, usd_per_hour: float, seconds: float) -> float:
+        """USD for ``seconds`` of a machine at ``usd_per_hour``, as the market bills them."""
+        return usd_per_hour * self.billed_seconds(seconds) / 3600.0
+
+
+PER_SECOND = Billing()  # Vast.ai; the default
+PER_SECOND_MIN_60 = Billing(increment_s=1.0, minimum_s=60.0)  # EC2 Linux instances, on-demand and spot
+HOURLY = Billing(increment_s=3600.0)  # a pool amortised per hour started
 
 
 class ExitReason(StrEnum):
@@ -1006,6 +1044,9 @@ class Tenant(BaseModel):
     monthly_budget_usd: float | None = None
     max_gpus: int | None = None
     created_at: datetime = Field(default_factory=utcnow)
+    month_to_date_usd: float = Field(default=0.0, description="USD spent this calendar month (UTC): ended "
+                                                              "allocations' booked costs plus what live ones "
+                                                              "have accrued; the figure the budget check uses")
 
 
 class Role(StrEnum):

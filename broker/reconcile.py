@@ -126,9 +126,8 @@ class _Pass:
             log.warning("reconcile: release of %s at %s failed: %s", a.resource_ids, p.name, exc)
             return
         self.report.released.append(f"{p.name}:{','.join(a.resource_ids) or a.id} ({why})")
-        if record is not None:
-            await asyncio.to_thread(self.store.update_allocation, record.id, state=AllocationState.released,
-                                    reason=why)
+        if record is not None:  # recorded, and its cost booked (once: a crash may have ended it half-way)
+            await self.lifecycle.ended(record, AllocationState.released, why)
 
     # ------------------------------------------------------------------ 1. list
     async def list_owned(self, providers: Mapping[str, Provider]) -> dict[str, list[Allocation]]:

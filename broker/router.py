@@ -23,7 +23,7 @@ import secrets
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
@@ -50,6 +50,7 @@ from broker.models import (
     Offer,
     Quote,
     QuoteOption,
+    month_start,
     utcnow,
 )
 from broker.secrets import SecretSources
@@ -75,10 +76,6 @@ HELD_TTL_S = 1.0  # how long a read of the offers live allocations hold is reuse
 
 def new_alloc_id() -> str:
     return "a" + secrets.token_hex(8)
-
-
-def month_start(now: datetime) -> datetime:
-    return datetime(now.year, now.month, 1, tzinfo=UTC)
 
 
 def single_unit(offer: Offer) -> bool:
@@ -416,8 +413,7 @@ class Router:
             # Cancelled (or requeued) while we launched: give it straight back.
             log.info("job %s was cancelled during launch; releasing %s", job.id, got.resource_ids)
             await provider.release(current)
-            await self._db(self.store.update_allocation, alloc.id, state=AllocationState.released,
-                           reason="job cancelled during launch")
+            await self.lifecycle.ended(current, AllocationState.released, "job cancelled during launch")
             return PlacementResult(await self._db(self.store.get_job, job.id), False, "cancelled during launch",
                                    list(tries))
         if self.on_placed:

@@ -18,6 +18,7 @@ from broker.config import SecretsConfig
 from broker.errors import SpecError
 from broker.models import JobSpec
 from providers.runtime.manifest import REGISTRY_PASSWORD_VAR
+from providers.runtime.wrapper import MASK, MIN_SECRET_LEN
 
 MAX_SECRET_BYTES = 64 * 1024
 
@@ -82,6 +83,14 @@ class SecretSources:
             raise SpecError(*missing[0], errors=missing)
         return out
 
+    def values(self, spec: JobSpec) -> list[str]:
+        """The values of the secrets ``spec`` names that the sources have now, for masking (never raises;
+        values shorter than the wrapper's minimum are left out, as the wrapper leaves them: they would mask
+        ordinary words). Used in memory only, never kept."""
+        found = (self.lookup(name) for _, _, name in self._wanted(spec))
+        return sorted({v.get_secret_value() for v in found if v is not None and
+                       len(v.get_secret_value()) >= MIN_SECRET_LEN}, key=len, reverse=True)
+
     @staticmethod
     def _wanted(spec: JobSpec) -> Iterable[tuple[str, str, str]]:
         """(field, variable, secret name) for every secret the spec refers to."""
@@ -90,3 +99,11 @@ class SecretSources:
         if spec.registry is not None:
             yield "registry.password_secret", REGISTRY_PASSWORD_VAR, spec.registry.password_secret
 
+
+
+def mask(text: str, values: Iterable[str]) -> str:
+    """``text`` with every one of ``values`` replaced by the wrapper's mask (longest first)."""
+    for v in sorted(values, key=len, reverse=True):
+        if v:
+            text = text.replace(v, MASK)
+    return text

@@ -188,6 +188,29 @@ class AllocationRow(SQLModel, table=True):
     updated_at: datetime = _ts()
     reason: str = Field(sa_column=sa.Column(sa.Text(), nullable=False, server_default=""))
     attrs: dict[str, str] | None = _json(dict)
+    # Booked once, when it ended (docs/runtime.md, "Spend"): NULL until then.
+    cost_usd: float | None = Field(default=None, sa_column=sa.Column(sa.Float(), nullable=True))
+    billed_s: float | None = Field(default=None, sa_column=sa.Column(sa.Float(), nullable=True))
+    ended_at: datetime | None = _ts(index=True, nullable=True)
+
+
+class JobLogRow(SQLModel, table=True):
+    """The last of a node's log, kept when its allocation ended (the machine, and the market's copy of the log,
+    go with the release). Secret values are masked before it is written."""
+
+    __tablename__ = "job_logs"
+    __table_args__ = (sa.Index("ix_job_logs_job_id", "job_id"),)
+
+    allocation_id: str = Field(
+        sa_column=sa.Column(sa.String(64), sa.ForeignKey("allocations.id", ondelete="CASCADE"), primary_key=True)
+    )
+    rank: int = Field(sa_column=sa.Column(sa.Integer(), primary_key=True))
+    job_id: str = Field(
+        sa_column=sa.Column(sa.String(64), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False)
+    )
+    text: str = Field(sa_column=sa.Column(sa.Text(), nullable=False))
+    truncated: bool = Field(sa_column=sa.Column(sa.Boolean(), nullable=False, server_default=sa.false()))
+    archived_at: datetime = _ts()
 
 
 class PriceSeriesRow(SQLModel, table=True):

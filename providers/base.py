@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import abc
 import hashlib
-from typing import Self
+from typing import ClassVar, Self
 
 from pydantic import BaseModel, Field
 
 from broker.config import RuntimeConfig
-from broker.models import JobSpec, Market, Offer
+from broker.models import PER_SECOND, Billing, JobSpec, Market, Offer
 from providers.runtime.manifest import RunRequest
 
 OWNER_TAG = "lockstep:owner"  # tag/label key marking what Lockstep owns
@@ -113,6 +113,8 @@ class Provider(abc.ABC):
     """
 
     name: str = "provider"
+    # How the market bills a machine's time: what an allocation's recorded cost is made of (docs/runtime.md).
+    billing: ClassVar[Billing] = PER_SECOND
 
     @abc.abstractmethod
     async def offers(self, query: OfferQuery | None = None) -> list[Offer]:

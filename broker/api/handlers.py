@@ -6,6 +6,8 @@ document is generated from, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +20,7 @@ from broker.api.keys import AUTH, METRICS, OPENAPI, SERVICE, TOKENS
 from broker.api.metrics import CONTENT_TYPE
 from broker.api.params import (
     JobsParams,
+    LogParams,
     OfferParams,
     PriceParams,
     QuoteParams,
@@ -37,11 +40,12 @@ from broker.api.schemas import (
     ProvidersReport,
     TokenCreated,
 )
-from broker.errors import ConflictError, SpecError
+from broker.errors import ConflictError, LockstepError, SpecError
 from broker.models import (
     GpuSummary,
     Job,
     JobSpec,
+    LogLine,
     Offer,
     PricePoint,
     PriceSeries,
@@ -55,6 +59,7 @@ from broker.models import (
 )
 from broker.specs import parse_spec
 
+log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
@@ -172,6 +177,40 @@ async def get_job(request: web.Request) -> web.Response:
     job = await svc.get_job(request.match_info["job_id"], _scope(request))
     allocations = await svc.job_allocations(job.id)
     return render(JobDetail(**dict(job), allocations=allocations))
+
+
+NDJSON_TYPE = "application/x-ndjson"
+
+
+async def job_logs(request: web.Request) -> web.StreamResponse:
+    """One LogLine per line (NDJSON). With ``follow``, a chunked response that stays open while the job runs;
+    a client that hangs up ends it."""
+    svc = request.app[SERVICE]
+    params = parse_query(request, LogParams)
+    job_id, scope = request.match_info["job_id"], _scope(request)
+    if not params.follow:
+        lines = await svc.job_logs(job_id, scope, tail=params.tail)
+        return web.Response(text="".join(ln.model_dump_json() + "\n" for ln in lines), content_type=NDJSON_TYPE)
+    lines_in = await svc.follow_logs(job_id, scope, tail=params.tail)  # not found: a 404 before any line
+    resp = web.StreamResponse(headers={"Content-Type": NDJSON_TYPE, "Cache-Control": "no-store",
+                                       "X-Accel-Buffering": "no"})
+    resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    try:
+        try:
+            async with asyncio.timeout(svc.settings.api.log_follow_max_s):
+                async for ln in lines_in:
+                    await resp.write((ln.model_dump_json() + "\n").encode())
+        except TimeoutError:
+            pass  # api.log_follow_max_s: the client follows again if it wants more
+        await resp.write_eof()
+    except ConnectionResetError:
+        pass  # the client went away: nobody is left to read the rest
+    except LockstepError as exc:  # once lines went out, an error can no longer be a status: the stream ends
+        log.warning("log stream of job %s ended early: %s", job_id, type(exc).__name__)
+    finally:
+        await lines_in.aclose()
+    return resp
 
 
 async def cancel_job(request: web.Request) -> web.Response:
@@ -300,6 +339,13 @@ NO_CONTENT = None
 
 
 @dataclass(frozen=True)
+class Lines:
+    """A response of newline-delimited JSON documents, one ``model`` a line (application/x-ndjson)."""
+
+    model: type[BaseModel]
+
+
+@dataclass(frozen=True)
 class Route:
     method: str
     path: str
@@ -348,6 +394,9 @@ ROUTES: tuple[Route, ...] = (
           {200: JobPage}, query=JobsParams),
     Route("GET", "/v1/jobs/{job_id}", get_job, "One job with its events and allocations", "jobs",
           {200: JobDetail}),
+    Route("GET", "/v1/jobs/{job_id}/logs", job_logs,
+          "A job's log: every node's lines of its current or last attempt, secrets masked; with follow=true "
+          "streamed while it runs", "jobs", {200: Lines(LogLine)}, query=LogParams, errors=(502,)),
     Route("DELETE", "/v1/jobs/{job_id}", cancel_job, "Cancel a job and release what it holds", "jobs",
           {200: Job}, errors=(409, 502)),
     Route("GET", "/v1/prices/history", price_history, "Recorded prices, oldest first", "prices",

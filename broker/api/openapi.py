@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from broker.api.examples import NOT_READY, by_model, cancelled_job, error
-from broker.api.handlers import ERROR_MODEL, HTML, NO_CONTENT, ROUTES, TEXT, Route
+from broker.api.handlers import ERROR_MODEL, HTML, NDJSON_TYPE, NO_CONTENT, ROUTES, TEXT, Lines, Route
 from broker.models import Role
 
 REF = "#/components/schemas/{model}"
@@ -49,6 +49,8 @@ def _collect(routes: tuple[Route, ...]) -> list[tuple[type[BaseModel], JsonSchem
     def add(tp: Any, mode: JsonSchemaMode) -> None:
         if tp is None or tp is TEXT or tp is HTML:
             return
+        if isinstance(tp, Lines):
+            tp = tp.model
         for arg in typing.get_args(tp):
             add(arg, mode)
         model = _model_of(tp)
@@ -172,6 +174,11 @@ def build_openapi(routes: tuple[Route, ...] = ROUTES, version: str | None = None
         for status, tp in r.ok.items():
             if tp is NO_CONTENT:
                 responses[str(status)] = {"description": "Done"}
+            elif isinstance(tp, Lines):
+                responses[str(status)] = {
+                    "description": "OK: newline-delimited JSON, one document a line (streamed when asked to follow)",
+                    "content": {NDJSON_TYPE: {"schema": {"type": "string", "description": "one JSON document a line"},
+                                              "x-itemSchema": _schema_for(tp.model, "serialization", key_map)}}}
             elif tp is TEXT:
                 responses[str(status)] = {"description": "OK", "content": {"text/plain": {
                     "schema": {"type": "string"},

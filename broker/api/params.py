@@ -46,6 +46,15 @@ class JobsParams(BaseModel):
     tenant: str | None = Field(default=None, max_length=64, description="admin only: one tenant's jobs")
 
 
+class LogParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tail: int | None = Field(default=None, ge=0, le=100_000, description="only the last N lines (then, with "
+                                                                        "follow, every new one)")
+    follow: bool = Field(default=False, description="keep the response open and send each new line as the job "
+                                                    "prints it, until the job has ended and its last lines are out")
+
+
 class TokensParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

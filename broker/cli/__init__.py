@@ -25,6 +25,8 @@ COMMANDS = (
     Command("status", "broker.cli.jobs:status",
             "One job with its events (without a server, polls its provider first)."),
     Command("cancel", "broker.cli.jobs:cancel", "Cancel a job and release everything it holds."),
+    Command("logs", "broker.cli.jobs:logs",
+            "What a job printed (its current or last attempt, every node), secret values masked."),
     Command("quote", "broker.cli.quote:quote", "What the job would cost, where, and why: ranked by expected job cost."),
     Command("offers", "broker.cli.quote:offers", "The offer book, cheapest per GPU-hour first."),
     Command("gpus", "broker.cli.gpus:gpus",

@@ -92,11 +92,12 @@ def tokens_revoke(
 
 def _tenants_table(tenants: list[Tenant]) -> None:
     t = Table()
-    for col in ("name", "monthly budget $", "max GPUs", "created"):
+    for col in ("name", "monthly budget $", "spent this month $", "max GPUs", "created"):
         t.add_column(col)
     for x in tenants:
         t.add_row(x.name, "" if x.monthly_budget_usd is None else f"{x.monthly_budget_usd:,.2f}",
-                  "" if x.max_gpus is None else str(x.max_gpus), x.created_at.strftime("%Y-%m-%d %H:%M"))
+                  f"{x.month_to_date_usd:,.4f}", "" if x.max_gpus is None else str(x.max_gpus),
+                  x.created_at.strftime("%Y-%m-%d %H:%M"))
     render.console.print(t)
 
 

@@ -8,13 +8,13 @@ models, so each command renders identical output either way. Commands that exist
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from broker.cli.app import Context
-from broker.models import GpuSummary, Job, JobState, Offer, Quote
+from broker.models import GpuSummary, Job, JobState, LogLine, Offer, Quote
 
 if TYPE_CHECKING:
     from broker.client import RemoteBackend
@@ -33,6 +33,9 @@ class Backend(Protocol):
     async def jobs(self, states: list[JobState] | None, limit: int) -> list[Job]: ...
     async def status(self, job_id: str) -> Job: ...
     async def cancel(self, job_id: str) -> Job: ...
+    async def logs(self, job_id: str, tail: int | None) -> list[LogLine]: ...
+    # The job's log as it grows, until the job has ended (not found: raised before the first line).
+    async def follow_logs(self, job_id: str, tail: int | None) -> AsyncIterator[LogLine]: ...
     async def place(self, job_ids: list[str]) -> None: ...  # one placement pass now (a server's loops do it)
     async def poll(self) -> None: ...  # poll the providers now (likewise)
     async def aclose(self) -> None: ...

@@ -1,7 +1,8 @@
-"""`lockstep submit | jobs | status | cancel`."""
+"""`lockstep submit | jobs | status | cancel | logs`."""
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -9,7 +10,7 @@ import typer
 from broker.cli import render
 from broker.cli.app import get_ctx
 from broker.cli.backend import Backend, with_backend
-from broker.models import Job, JobState
+from broker.models import TERMINAL_STATES, Job, JobState, LogLine
 from broker.specs import load_spec
 
 
@@ -92,3 +93,44 @@ def cancel(
         render.print_json(j)
     else:
         render.console.print(f"job {j.id} {j.state.value}")
+
+
+def logs(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(help="Job id.")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until the job ends.")] = False,
+    tail: Annotated[int | None, typer.Option("--tail", min=0, max=100_000,
+                                             help="Only the last N lines (with --follow, then every new one).")] = None,
+    timestamps: Annotated[bool, typer.Option("--timestamps", "-t", help="Prefix each line with its UTC time.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON document per line.")] = False,
+) -> None:
+    """What a job printed (its current or last attempt, every node), secret values masked."""
+    c = get_ctx(ctx)
+
+    def show(ln: LogLine, nodes: set[int]) -> None:
+        if json_out:
+            typer.echo(ln.model_dump_json())
+            return
+        head = f"{ln.at:%Y-%m-%dT%H:%M:%S.%f}"[:-3] + "Z " if timestamps and ln.at else ""
+        node = f"[{ln.rank}] " if nodes - {0} else ""
+        note = "lockstep: " if ln.stream == "lockstep" else ""
+        typer.echo(f"{head}{node}{note}{ln.text}", err=ln.stream == "err")
+
+    async def run(backend: Backend) -> None:
+        if not follow:
+            lines = await backend.logs(job_id, tail)
+            ranks = {ln.rank for ln in lines}
+            for ln in lines:
+                show(ln, ranks)
+            return
+        ranks = set()
+        async for ln in await backend.follow_logs(job_id, tail):
+            ranks.add(ln.rank)
+            show(ln, ranks)
+            sys.stdout.flush()
+        job = await backend.status(job_id)
+        if job.state not in TERMINAL_STATES:  # the server's api.log_follow_max_s ended the stream
+            typer.echo(f"lockstep: the server ended the stream; job {job_id} is {job.state.value} "
+                       f"(lockstep logs {job_id} -f --tail 0 carries on)", err=True)
+
+    with_backend(c, run, need_store=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from broker.config import Settings
-from broker.models import GpuSummary, Job, JobState, Offer, Quote
+from broker.models import GpuSummary, Job, JobState, LogLine, Offer, Quote
 from broker.service import Lockstep
 from broker.specs import parse_spec
 from policies.offers import OfferFilter
@@ -36,6 +38,14 @@ class LocalBackend:
 
     async def cancel(self, job_id: str) -> Job:
         return await self.svc.cancel(job_id)
+
+    async def logs(self, job_id: str, tail: int | None) -> list[LogLine]:
+        await self.svc.get_job(job_id)  # not found before touching providers
+        await self.svc.poll_now()  # no server moves the job along: look at its market first, as status does
+        return await self.svc.job_logs(job_id, tail=tail)
+
+    async def follow_logs(self, job_id: str, tail: int | None) -> AsyncIterator[LogLine]:
+        return await self.svc.follow_logs(job_id, tail=tail, drive=True)
 
     async def place(self, job_ids: list[str]) -> None:
         await self.svc.place_now(job_ids)

@@ -126,15 +126,23 @@ def offers_table(offers: list[Offer]) -> None:
     console.print(f"{len(offers)} offer(s)")
 
 
+def spent(j: Job) -> str:
+    """What a job has cost: booked, plus what its live allocation has accrued ("…" while it accrues)."""
+    total = j.spent_usd + j.accruing_usd
+    if not total and not j.accruing_usd:
+        return ""
+    return f"${total:,.4f}".rstrip("0").rstrip(".") + ("…" if j.accruing_usd else "")
+
+
 def jobs_table(jobs: list[Job]) -> None:
     t = Table()
-    for col in ("id", "tenant", "name", "state", "GPUs", "where", "$/h", "attempts", "updated", "reason"):
+    for col in ("id", "tenant", "name", "state", "GPUs", "where", "$/h", "spent", "attempts", "updated", "reason"):
         t.add_column(col)
     for j in jobs:
         p = j.placement
         where = f"{p.provider}:{p.sku}@{p.zone or p.region}" if p else ""
         t.add_row(j.id, j.tenant, j.spec.name, j.state.value, str(j.spec.gpus), where,
-                  _money(p.usd_per_hour) if p else "", str(j.attempts),
+                  _money(p.usd_per_hour) if p else "", spent(j), str(j.attempts),
                   j.updated_at.strftime("%Y-%m-%d %H:%M:%S"), j.reason[:60])
     console.print(t)
 

@@ -13,8 +13,10 @@ module             class               operations
 ``nodes``          NodesService        drain_node, resume_node, burnin (and ``Runtime.unhealthy_nodes``)
 ``prices``         PricesService       price_history, price_series, spikes, alerts, track_once,
                                        track_until, replay
-``tenants``        TenantsService      create_tenant, list_tenants, get_tenant, update_tenant,
-                                       create_token, list_tokens, revoke_token, verify_token
+``logs``           LogsService         job_logs, follow_logs (a job's log, live or kept; secrets masked)
+``tenants``        TenantsService      create_tenant, list_tenants, get_tenant, update_tenant (each with
+                                       its month-to-date spend), create_token, list_tokens, revoke_token,
+                                       verify_token
 ``operations``     OperationsService   store_ok (readiness)
 ``runtime``        Runtime             store, market, db, refresh, ensure_offers, start/stop (the broker
                                        loops and the tracker), broker, tracker, aclose
@@ -28,6 +30,7 @@ says how the API and the CLI show it (broker/errors.py).
 from __future__ import annotations
 
 from broker.service.jobs import JobsService
+from broker.service.logs import LogsService
 from broker.service.nodes import NodesService
 from broker.service.offers import OffersService
 from broker.service.operations import OperationsService
@@ -36,7 +39,8 @@ from broker.service.runtime import Runtime, new_job_id
 from broker.service.tenants import TenantsService
 
 
-class Lockstep(OffersService, JobsService, NodesService, PricesService, TenantsService, OperationsService):
+class Lockstep(OffersService, JobsService, LogsService, NodesService, PricesService, TenantsService,
+               OperationsService):
     """Every operation of the service over one store and one market; see the module doc for the map."""
 
 

@@ -6,7 +6,7 @@ import logging
 from datetime import datetime
 
 from broker.errors import NoFeasibleOption, ProviderError
-from broker.lifecycle import JobLifecycle
+from broker.lifecycle import HOLDING, JobLifecycle
 from broker.models import TERMINAL_STATES, Allocation, AllocationState, Job, JobSpec, JobState, OfferSource
 from broker.service.runtime import Runtime, new_job_id
 from providers.registry import how_to_enable
@@ -80,22 +80,31 @@ class JobsService(Runtime):
 
     async def list_jobs(self, *, tenant: str | None = None, states: list[JobState] | None = None, limit: int = 50,
                         cursor: str | None = None) -> tuple[list[Job], str | None]:
-        return await self.db(self.store.list_jobs, tenant, states, limit, cursor)
+        jobs, nxt = await self.db(self.store.list_jobs, tenant, states, limit, cursor)
+        return await self._with_accruing(jobs), nxt
 
     async def get_job(self, job_id: str, tenant: str | None = None) -> Job:
-        return await self.db(self.store.get_job, job_id, tenant)
+        job = await self.db(self.store.get_job, job_id, tenant)
+        return (await self._with_accruing([job]))[0]
+
+    async def _with_accruing(self, jobs: list[Job]) -> list[Job]:
+        """The jobs, each holding an allocation with what it has cost so far (``accruing_usd``)."""
+        holding = [j.id for j in jobs if j.state in HOLDING]
+        if not holding:
+            return jobs
+        acc = await self.db(self.store.accruing, holding, self.clock())
+        return [j.model_copy(update={"accruing_usd": acc[j.id]}) if j.id in acc else j for j in jobs]
 
     async def job_allocations(self, job_id: str) -> list[Allocation]:
         return await self.db(self.store.allocations, job_id)
 
     async def release_allocation(self, alloc: Allocation, reason: str) -> Allocation:
-        """Give an allocation back to its provider and record it; already-gone counts as released."""
-        provider = self.market.launcher(alloc.provider)
-        if provider is None:
+        """Give an allocation back to its provider and record it (its last log kept, its cost booked);
+        already-gone counts as released."""
+        if self.market.launcher(alloc.provider) is None:
             raise ProviderError(alloc.provider, "provider not configured; cannot release " + alloc.id)
-        if alloc.resource_ids or alloc.state is not AllocationState.intent:
-            await provider.release(alloc)
-        return await self.db(self.store.update_allocation, alloc.id, state=AllocationState.released, reason=reason)
+        await self.broker.lifecycle.release(alloc, reason, raise_errors=True)
+        return await self.db(self.store.get_allocation, alloc.id)
 
     async def cancel(self, job_id: str, tenant: str | None = None, reason: str = "cancelled by user") -> Job:
         """Cancel a job and release everything it holds. Cancelling a finished job changes nothing."""

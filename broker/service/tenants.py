@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from broker.errors import NotFoundError
-from broker.models import Tenant, TenantCreate, TenantPatch, TokenCreate, TokenInfo
+from broker.models import Tenant, TenantCreate, TenantPatch, TokenCreate, TokenInfo, month_start
 from broker.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -14,22 +14,35 @@ log = logging.getLogger(__name__)
 
 class TenantsService(Runtime):
     # ------------------------------------------------------------------ tenants
+    async def _with_spend(self, tenants: list[Tenant]) -> list[Tenant]:
+        """Each tenant with its month-to-date spend (UTC calendar month): booked plus accruing, the figure
+        the router's budget check uses (``Store.tenant_spend``)."""
+        now = self.clock()
+        since = month_start(now)
+
+        def spend() -> list[Tenant]:
+            return [t.model_copy(update={"month_to_date_usd": self.store.tenant_spend(t.name, since, now)})
+                    for t in tenants]
+
+        return await self.db(spend)
+
     async def create_tenant(self, body: TenantCreate) -> Tenant:
-        return await self.db(self.store.create_tenant, Tenant(**body.model_dump()))
+        return (await self._with_spend([await self.db(self.store.create_tenant, Tenant(**body.model_dump()))]))[0]
 
     async def list_tenants(self) -> list[Tenant]:
-        return await self.db(self.store.list_tenants)
+        return await self._with_spend(await self.db(self.store.list_tenants))
 
     async def get_tenant(self, name: str, scope: str | None = None) -> Tenant:
         """One tenant; with ``scope`` (the caller's own tenant, for a non-admin) any other is not found:
         another tenant's caps are not a user's business."""
         if scope is not None and scope != name:
             raise NotFoundError(f"tenant {name} not found")
-        return await self.db(self.store.get_tenant, name)
+        return (await self._with_spend([await self.db(self.store.get_tenant, name)]))[0]
 
     async def update_tenant(self, name: str, patch: TenantPatch) -> Tenant:
         """Set the caps ``patch`` names (the fields it was given; None clears a cap)."""
-        return await self.db(self.store.update_tenant, name, **patch.model_dump(exclude_unset=True))
+        tenant = await self.db(self.store.update_tenant, name, **patch.model_dump(exclude_unset=True))
+        return (await self._with_spend([tenant]))[0]
 
     # ------------------------------------------------------------------ tokens
     async def create_token(self, body: TokenCreate) -> tuple[TokenInfo, str]:

@@ -30,12 +30,21 @@ from broker.models import (
     utcnow,
 )
 from broker.store.engine import Database
-from broker.tables import LIVE_ALLOCATION_STATES, AllocationRow, IdempotencyKeyRow, JobEventRow, JobRow, table_of
+from broker.tables import (
+    LIVE_ALLOCATION_STATES,
+    AllocationRow,
+    IdempotencyKeyRow,
+    JobEventRow,
+    JobLogRow,
+    JobRow,
+    table_of,
+)
 
 JOBS = table_of(JobRow)
 EVENTS = table_of(JobEventRow)
 ALLOCS = table_of(AllocationRow)
 IDEM = table_of(IdempotencyKeyRow)
+LOGS = table_of(JobLogRow)
 
 # Job fields that transition()/update_job() may set besides the state.
 JOB_FIELDS: frozenset[str] = frozenset(
@@ -76,6 +85,12 @@ def _job(row: Row[Any], events: list[JobEvent] | None = None) -> Job:
     if events:
         job.events = events
     return job
+
+
+def billing_start(created_at: datetime, attrs: dict[str, str] | None) -> datetime:
+    """When an allocation began to cost: when it was first seen running, else when it was launched."""
+    since = (attrs or {}).get("running_since")
+    return as_utc(since) if since else as_utc(created_at)
 
 
 def _alloc(row: Row[Any]) -> Allocation:
@@ -403,6 +418,50 @@ class JobStore(Database):
                     return _alloc(row)
         return None
 
+    def end_allocation(self, alloc_id: str, *, state: AllocationState, reason: str, ended_at: datetime,
+                       cost_usd: float, billed_s: float) -> tuple[Allocation, bool]:
+        """Record an allocation as ended (``state``) and book its cost into its job, in one transaction.
+
+        The cost is booked only while the allocation has none (``cost_usd IS NULL``): a second end of the same
+        record (a retried release, a reconcile after a crash) changes its state and reason, never the spend.
+        Returns the allocation and whether this call booked it.
+        """
+        now = utcnow()
+        with self._tx() as conn:
+            row = self._alloc_row(conn, alloc_id)
+            values: dict[str, Any] = {"state": AllocationState(state).value, "reason": reason, "updated_at": now}
+            booked = False
+            if row.cost_usd is None:
+                book = ALLOCS.update().where(ALLOCS.c.id == alloc_id, ALLOCS.c.cost_usd.is_(None)).values(
+                    cost_usd=cost_usd, billed_s=billed_s, ended_at=ended_at)
+                booked = bool(conn.execute(book).rowcount)
+                if booked and cost_usd:
+                    self._job_row(conn, row.job_id, lock=True)
+                    conn.execute(JOBS.update().where(JOBS.c.id == row.job_id).values(
+                        spent_usd=JOBS.c.spent_usd + cost_usd))
+            try:
+                conn.execute(ALLOCS.update().where(ALLOCS.c.id == alloc_id).values(**values))
+            except sa.exc.IntegrityError as exc:
+                raise ConflictError(f"allocation {alloc_id}: its job already holds another live allocation") from exc
+            return _alloc(self._alloc_row(conn, alloc_id)), booked
+
+    # ------------------------------------------------------------------ logs kept past the machine
+
+    def archive_log(self, alloc_id: str, rank: int, text: str, *, truncated: bool = False) -> None:
+        """Keep (or replace) node ``rank``'s log of an allocation. The caller has masked secret values."""
+        values = {"text": text, "truncated": truncated, "archived_at": utcnow()}
+        with self._tx() as conn:
+            job_id = self._alloc_row(conn, alloc_id).job_id
+            stmt = self._insert_fn()(LOGS).values(allocation_id=alloc_id, rank=rank, job_id=job_id, **values)
+            conn.execute(stmt.on_conflict_do_update(index_elements=["allocation_id", "rank"], set_=values))
+
+    def archived_logs(self, alloc_id: str) -> dict[int, str]:
+        """The kept logs of an allocation by rank ({} when none was kept)."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute(sa.select(LOGS.c.rank, LOGS.c.text).where(LOGS.c.allocation_id == alloc_id)
+                                .order_by(LOGS.c.rank)).all()
+        return {int(r): str(t) for r, t in rows}
+
     # ------------------------------------------------------------------ counts, spend and usage
 
     def counts(self) -> dict[str, Any]:
@@ -422,32 +481,54 @@ class JobStore(Database):
         return {"jobs": by_state, "placements": placements, "allocations": [tuple(r) for r in allocs]}
 
     def tenant_spend(self, tenant: str, since: datetime, now: datetime | None = None) -> float:
-        """USD a tenant has spent since ``since``.
+        """USD a tenant has spent since ``since`` (month-to-date: ``since`` is the month's start).
 
-        The sum of ``spent_usd`` of the tenant's jobs updated since then (what the
-        job layer has booked), plus the accrued cost of its allocations that are
-        billing now (pending or running): ``usd_per_hour`` × hours from
-        max(allocation created, since) to now. The job layer books an attempt's cost
-        into ``spent_usd`` when the allocation ends, so nothing is counted twice.
+        What its allocations that ended since then cost (booked at their end; the part of one that began
+        before ``since`` in proportion to its time), plus what its live ones (pending, running) have accrued
+        from max(their start, ``since``) to ``now`` at their price: the same figure ``lockstep tenants list``,
+        ``GET /v1/tenants`` and the router's budget check use.
         """
         now = as_utc(now or utcnow())
         since = as_utc(since)
         with self._tx(write=False) as conn:
-            booked = conn.execute(
-                sa.select(sa.func.coalesce(sa.func.sum(JOBS.c.spent_usd), 0.0)).where(
-                    JOBS.c.tenant == tenant, JOBS.c.updated_at >= since
-                )
-            ).scalar()
+            ended = conn.execute(
+                sa.select(ALLOCS.c.cost_usd, ALLOCS.c.created_at, ALLOCS.c.ended_at, ALLOCS.c.attrs)
+                .join(JOBS, JOBS.c.id == ALLOCS.c.job_id)
+                .where(JOBS.c.tenant == tenant, ALLOCS.c.ended_at >= since, ALLOCS.c.cost_usd > 0)
+            ).all()
             live = conn.execute(
-                sa.select(ALLOCS.c.usd_per_hour, ALLOCS.c.created_at)
+                sa.select(ALLOCS.c.usd_per_hour, ALLOCS.c.created_at, ALLOCS.c.attrs)
                 .join(JOBS, JOBS.c.id == ALLOCS.c.job_id)
                 .where(JOBS.c.tenant == tenant, ALLOCS.c.state.in_(BILLING_STATES))
             ).all()
-        accrued = 0.0
-        for usd_per_hour, created_at in live:
-            start = max(as_utc(created_at), since)
-            accrued += usd_per_hour * max((now - start).total_seconds(), 0.0) / 3600.0
-        return float(booked or 0.0) + accrued
+        total = 0.0
+        for cost, created_at, ended_at, attrs in ended:
+            start, end = billing_start(created_at, attrs), as_utc(ended_at)
+            if start >= since or end <= start:
+                total += cost
+            else:  # began before the window: the window's share of it
+                total += cost * (end - since).total_seconds() / (end - start).total_seconds()
+        for usd_per_hour, created_at, attrs in live:
+            start = max(billing_start(created_at, attrs), since)
+            total += usd_per_hour * max((now - start).total_seconds(), 0.0) / 3600.0
+        return total
+
+    def accruing(self, job_ids: Iterable[str], now: datetime | None = None) -> dict[str, float]:
+        """What each job's live allocation has cost so far (not booked yet), by job id (absent: nothing live)."""
+        ids = list(job_ids)
+        if not ids:
+            return {}
+        now = as_utc(now or utcnow())
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                sa.select(ALLOCS.c.job_id, ALLOCS.c.usd_per_hour, ALLOCS.c.created_at, ALLOCS.c.attrs)
+                .where(ALLOCS.c.job_id.in_(ids), ALLOCS.c.state.in_(BILLING_STATES))
+            ).all()
+        out: dict[str, float] = {}
+        for job_id, usd_per_hour, created_at, attrs in rows:
+            hours = max((now - billing_start(created_at, attrs)).total_seconds(), 0.0) / 3600.0
+            out[job_id] = out.get(job_id, 0.0) + usd_per_hour * hours
+        return out
 
     def gpus_held(self, tenant: str) -> int:
         """GPUs of the tenant's jobs that hold resources now (provisioning or running)."""

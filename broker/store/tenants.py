@@ -35,7 +35,7 @@ class TenantStore(Database):
     def create_tenant(self, t: Tenant) -> Tenant:
         try:
             with self._tx() as conn:
-                conn.execute(TENANTS.insert().values(**t.model_dump()))
+                conn.execute(TENANTS.insert().values(**t.model_dump(include=set(TENANTS.c.keys()))))
         except sa.exc.IntegrityError as exc:
             raise ConflictError(f"tenant {t.name} already exists") from exc
         return self.get_tenant(t.name)

@@ -40,6 +40,7 @@ from aiobotocore.session import AioSession
 from broker.config import AwsConfig
 from broker.errors import BadRequestError, ProviderError
 from broker.models import (
+    PER_SECOND_MIN_60,
     Allocation,
     AllocationState,
     AllocationStatus,
@@ -104,6 +105,7 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
     """EC2 spot and on-demand capacity (see module docstring)."""
 
     name = "aws"
+    billing = PER_SECOND_MIN_60  # EC2 Linux instances: per second, 60 s at least
 
     def __init__(
         self, config: AwsConfig, *, installation: str = "lockstep", session: AioSession | None = None

@@ -28,7 +28,16 @@ from typing import Any
 
 from broker.config import VastConfig
 from broker.errors import BadRequestError, CapacityError
-from broker.models import Allocation, AllocationState, AllocationStatus, ExitReason, JobExit, Market, Offer
+from broker.models import (
+    PER_SECOND,
+    Allocation,
+    AllocationState,
+    AllocationStatus,
+    ExitReason,
+    JobExit,
+    Market,
+    Offer,
+)
 from providers.base import LaunchRequest, OfferQuery
 from providers.capabilities import AssemblesNodes, HasJobLogs
 from providers.vast.client import VastClient
@@ -65,6 +74,7 @@ def map_instance_state(inst: dict[str, Any]) -> tuple[AllocationState, str]:
 
 class VastProvider(HasJobLogs, AssemblesNodes):
     name = PROVIDER
+    billing = PER_SECOND  # Vast bills a rented instance per second
 
     def __init__(self, config: VastConfig, *, installation: str = "lockstep") -> None:
         self.config = config

@@ -168,8 +168,11 @@ def fuzz_api(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     with open_store(db_url) as store:
         _, admin = store.create_token("ops", Role.admin, "schemathesis")
         _, alice = store.create_token("alpha", Role.user)
+    # No broker loops here: a job stays pending, so a followed log (?follow=true) would never end by itself; the
+    # server ends it after log_follow_max_s, as it does any follow that outlives that.
     settings = _settings(db_url, ApiConfig(rate_per_s=100_000, burst=100_000, max_body_bytes=256 * 1024,
-                                           bad_token_rate_per_s=100_000, bad_token_burst=100_000))
+                                           bad_token_rate_per_s=100_000, bad_token_burst=100_000,
+                                           log_follow_max_s=1.0))
     server, svc = _serve(settings, request)
     return Api(server.url, admin, alice, "", db_url, settings, svc, app=server.app)
 

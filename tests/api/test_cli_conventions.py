@@ -107,6 +107,7 @@ def test_every_command_that_prints_data_has_json() -> None:
 
 HONOURED = {  # through the server: an unreachable one is exit 1, "cannot reach the server"
     "submit": ["submit", SPEC], "jobs": ["jobs"], "status": ["status", "j1"], "cancel": ["cancel", "j1"],
+    "logs": ["logs", "j1"],
     "quote": ["quote", SPEC], "offers": ["offers"], "gpus": ["gpus"],
     "tokens create": ["tokens", "create", "--tenant", "acme"], "tokens list": ["tokens", "list"],
     "tokens revoke": ["tokens", "revoke", "tok_x"],

@@ -219,3 +219,23 @@ def test_price_filters_are_one_model_on_both_routes(api: Api) -> None:
                                   ({"market": "black"}, "market"), ({"gpu": "x" * 65}, "gpu")):
                 r = bob.get(path, params=params)
                 assert r.status_code == 400 and r.json()["error"]["field"] == field, (path, params, r.text)
+
+
+def test_logs_of_a_job_not_placed_yet_and_the_route_in_the_document(api: Api) -> None:
+    with api.client(api.alice) as alice, api.client(api.bob) as bob:
+        job = alice.post("/v1/jobs", json=spec("logs-pending")).json()
+        r = alice.get(f"/v1/jobs/{job['id']}/logs")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+        assert r.text == ""  # nothing launched, nothing printed
+        assert bob.get(f"/v1/jobs/{job['id']}/logs").status_code == 404  # another tenant's job
+        assert alice.get("/v1/jobs/j-nope/logs", params={"follow": "true"}).status_code == 404
+        bad = alice.get(f"/v1/jobs/{job['id']}/logs", params={"tail": "lots"})
+        assert bad.status_code == 400 and bad.json()["error"]["field"] == "tail"
+        assert job["spent_usd"] == 0 and job["accruing_usd"] == 0
+        doc = alice.get("/openapi.json").json()
+    op = doc["paths"]["/v1/jobs/{job_id}/logs"]["get"]
+    assert {p["name"] for p in op["parameters"]} == {"job_id", "tail", "follow"}
+    content = op["responses"]["200"]["content"]["application/x-ndjson"]
+    assert content["x-itemSchema"] == {"$ref": "#/components/schemas/LogLine"}
+    assert "404" in op["responses"] and "401" in op["responses"]
+    assert "month_to_date_usd" in doc["components"]["schemas"]["Tenant"]["properties"]

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -158,3 +159,50 @@ def test_0004_moves_history_to_series_on_sqlite(sqlite_url: str) -> None:
 
 def test_0004_moves_history_to_series_on_postgres(pg_database: Callable[[], str]) -> None:
     _check_0004(pg_database())
+
+
+def _check_0005(url: str) -> None:
+    """Existing spend moves onto the allocations (each job's newest ended one), so a job's allocations add up
+    to its spent_usd and month-to-date spend keeps what was booked; down and up again."""
+    store = Store(url)
+    try:
+        store.migrate("0004")
+        now = "2026-12-01 10:00:00.000000"
+        ts = ":at" if store.is_sqlite else "CAST(:at || '+00' AS TIMESTAMP WITH TIME ZONE)"
+        with store.engine.begin() as conn:
+            for job_id, spent in (("j-done", 7.5), ("j-live", 0.0)):
+                conn.execute(sa.text(
+                    "INSERT INTO jobs (id, tenant, state, reason, spec, fingerprint, decision, gpus, created_at,"
+                    f" updated_at, attempts, preemptions, spent_usd) VALUES (:id, 'acme', 'succeeded', '', '{{}}',"
+                    f" 'f', '{{}}', 1, {ts}, {ts}, 2, 1, :spent)"), {"id": job_id, "spent": spent, "at": now})
+            for alloc_id, job_id, state, at in (("a-1", "j-done", "preempted", "2026-12-01 08:00:00.000000"),
+                                                ("a-2", "j-done", "succeeded", "2026-12-01 09:00:00.000000"),
+                                                ("a-3", "j-live", "running", "2026-12-01 09:30:00.000000")):
+                conn.execute(sa.text(
+                    "INSERT INTO allocations (id, job_id, attempt, provider, offer_id, state, client_token,"
+                    " resource_ids, nodes, region, zone, usd_per_hour, created_at, updated_at, reason, attrs)"
+                    f" VALUES (:id, :job, 1, 'aws', '', :state, '', '[\"i-1\"]', 1, '', '', 3.0, {ts}, {ts}, '',"
+                    " '{}')"), {"id": alloc_id, "job": job_id, "state": state, "at": at})
+        store.migrate()
+        allocs = {a.id: a for job in ("j-done", "j-live") for a in store.allocations(job)}
+        assert (allocs["a-1"].cost_usd, allocs["a-2"].cost_usd, allocs["a-3"].cost_usd) == (0.0, 7.5, None)
+        assert allocs["a-2"].ended_at == datetime(2026, 12, 1, 9, tzinfo=UTC) and allocs["a-3"].ended_at is None
+        assert store.tenant_spend("acme", datetime(2026, 12, 1, tzinfo=UTC),
+                                  datetime(2026, 12, 1, 10, tzinfo=UTC)) == pytest.approx(7.5 + 1.5)
+        store.archive_log("a-2", 0, "2026-12-01T08:59:00.000Z out bye\n")
+        _alembic(store, "downgrade", "0004")
+        with store.engine.connect() as conn:
+            assert "job_logs" not in sa.inspect(conn).get_table_names()
+            assert "cost_usd" not in {c["name"] for c in sa.inspect(conn).get_columns("allocations")}
+        store.migrate()
+        assert store.get_allocation("a-2").cost_usd == 7.5
+    finally:
+        store.close()
+
+
+def test_0005_books_existing_spend_on_allocations_on_sqlite(sqlite_url: str) -> None:
+    _check_0005(sqlite_url)
+
+
+def test_0005_books_existing_spend_on_allocations_on_postgres(pg_database: Callable[[], str]) -> None:
+    _check_0005(pg_database())

@@ -60,7 +60,7 @@ def test_node_health_upsert(store: Store) -> None:
 def test_spend_gpus_and_usage(store: Store) -> None:
     now = datetime.now(UTC)
     store.create_job(job(tenant="acme", job_id="done", gpus=8))
-    store.transition("done", JobState.cancelled, spent_usd=100.0)
+    store.transition("done", JobState.cancelled)
     store.create_job(job(tenant="acme", job_id="run", gpus=16))
     for s in (JobState.placing, JobState.provisioning, JobState.running):
         store.transition("run", s)
@@ -71,15 +71,27 @@ def test_spend_gpus_and_usage(store: Store) -> None:
     store.add_allocation(Allocation(id="a-run", job_id="run", provider="aws", nodes=2, usd_per_hour=60.0,
                                     state=AllocationState.running, created_at=now - timedelta(hours=2)))
     store.add_allocation(Allocation(id="a-done", job_id="done", provider="aws", usd_per_hour=10.0,
-                                    state=AllocationState.released, created_at=now - timedelta(hours=5)))
+                                    state=AllocationState.running, created_at=now - timedelta(hours=5)))
+    ended_at = now - timedelta(hours=3)
+    _, booked = store.end_allocation("a-done", state=AllocationState.released, reason="done", ended_at=ended_at,
+                                     cost_usd=100.0, billed_s=36000.0)
+    assert booked and store.get_job("done").spent_usd == 100.0
+    # Ended again (a retried release, a reconcile after a crash): the state may change, the spend never twice.
+    again, booked = store.end_allocation("a-done", state=AllocationState.released, reason="again", ended_at=now,
+                                         cost_usd=999.0, billed_s=1.0)
+    assert not booked and store.get_job("done").spent_usd == 100.0
+    assert (again.cost_usd, again.billed_s, again.ended_at, again.reason) == (100.0, 36000.0, ended_at, "again")
     assert store.gpus_held("acme") == 16
     assert store.gpus_held("globex") == 8
     assert store.gpus_held("nobody") == 0
     # 100 booked + 60 $/h for 2 h running (the released allocation is booked already).
     spend = store.tenant_spend("acme", since=now - timedelta(days=1), now=now)
     assert spend == pytest.approx(220.0)
-    # Accrual starts at `since` when the allocation is older.
-    assert store.tenant_spend("acme", since=now - timedelta(hours=1), now=now) == pytest.approx(160.0)
+    # Accrual starts at `since` when the allocation is older; what ended before `since` is not counted, and
+    # what began before it counts its share ("done" ran from 5 h to 3 h ago: half of it after 4 h ago, $50).
+    assert store.tenant_spend("acme", since=now - timedelta(hours=1), now=now) == pytest.approx(60.0)
+    assert store.tenant_spend("acme", since=now - timedelta(hours=4), now=now) == pytest.approx(50.0 + 120.0)
+    assert store.accruing(["run", "done", "wait"], now=now) == {"run": pytest.approx(120.0)}
     assert store.tenant_spend("globex", since=now - timedelta(days=1), now=now) == 0.0
     usage = {u["job_id"]: u for u in store.job_usage(now=now)}
     assert set(usage) == {"done", "run", "wait", "theirs"}

@@ -1,0 +1,162 @@
+"""Spend: an allocation's cost is its price × its billed time per its market's granularity (a provider's
+``billing``, never its name), booked into its job once, also across a crash between the machine's release
+and the booking; a job whose market reports its end without an exit status is still given back; the log a
+market serves is kept (masked) when the allocation ends. Over the in-memory market and a real store on
+both backends; the same against the real markets in tests/vast/test_logs_spend.py and
+tests/runtime/test_aws_logs_spend.py.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+
+from broker.config import SecretsConfig
+from broker.lifecycle import RELEASING, JobLifecycle
+from broker.models import (
+    HOURLY,
+    PER_SECOND,
+    PER_SECOND_MIN_60,
+    Allocation,
+    AllocationState,
+    Billing,
+    JobExit,
+    JobState,
+    month_start,
+)
+from broker.secrets import SecretSources
+from broker.store import Store
+from providers.capabilities import HasJobLogs
+from tests.broker.memory import NOW, MemoryProvider, offer, placed_job, router_over, submit_and_place
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def test_billing_granularities() -> None:
+    assert PER_SECOND.billed_seconds(12.2) == 13 and PER_SECOND.billed_seconds(0) == 0
+    assert PER_SECOND_MIN_60.billed_seconds(12.2) == 60 and PER_SECOND_MIN_60.billed_seconds(61.5) == 62
+    assert HOURLY.billed_seconds(10) == 3600 and HOURLY.billed_seconds(3601) == 7200
+    assert HOURLY.billed_seconds(7200) == 7200  # a whole number of increments is not rounded up
+    assert Billing(increment_s=0).billed_seconds(1.25) == 1.25
+    assert PER_SECOND_MIN_60.cost(3.6, 30) == pytest.approx(0.06)  # a minute at $3.60/h
+
+
+async def poll(life: JobLifecycle, mem: MemoryProvider, alloc_id: str) -> JobState | None:
+    alloc = life.store.get_allocation(alloc_id)
+    status = await mem.poll(alloc)
+    return await life.follow(alloc, status.state, status.reason, status.hosts, status.exit)
+
+
+class MinuteMarket(MemoryProvider):
+    billing = PER_SECOND_MIN_60
+
+
+class HourlyMarket(MemoryProvider):
+    billing = HOURLY
+
+
+@pytest.mark.parametrize(("market", "ran", "billed"), [
+    (MemoryProvider, timedelta(seconds=10.5), 11), (MinuteMarket, timedelta(seconds=10), 60),
+    (HourlyMarket, timedelta(minutes=61), 7200)], ids=["per-second", "per-second-min-60", "hourly"])
+async def test_the_cost_is_the_price_times_the_time_billed_per_the_markets_granularity(
+        store: Store, market: type[MemoryProvider], ran: timedelta, billed: int) -> None:
+    mem, job, alloc = await placed_job(store, usd_per_hour=3.6)
+    mine = market("mem", [])
+    mine.held = mem.held
+    clock = Clock()
+    life = JobLifecycle(store, {"mem": mine}, clock=clock)
+    mine.set_state(alloc, AllocationState.running)
+    assert await poll(life, mine, alloc.id) is JobState.running
+    clock.now = NOW + ran
+    mine.end(alloc, JobExit(exit_code=0))
+    assert await poll(life, mine, alloc.id) is JobState.succeeded
+    rec = store.get_allocation(alloc.id)
+    assert rec.billed_s == billed and rec.cost_usd == pytest.approx(3.6 * billed / 3600)
+    assert rec.ended_at == NOW + ran
+    assert store.get_job(job.id).spent_usd == pytest.approx(rec.cost_usd)
+
+
+async def test_a_job_whose_market_reports_its_end_without_an_exit_status_is_still_released(store: Store) -> None:
+    """E.g. a container that stopped: it bills until it is destroyed, so it is given back at this poll."""
+    mem, job, alloc = await placed_job(store)
+    life = JobLifecycle(store, {"mem": mem}, clock=Clock())
+    for state in (AllocationState.running, AllocationState.succeeded):
+        mem.set_state(alloc, state)
+        await poll(life, mem, alloc.id)
+    assert store.get_job(job.id).state is JobState.succeeded
+    assert mem.released == alloc.resource_ids and not mem.held
+    rec = store.get_allocation(alloc.id)
+    assert rec.state is AllocationState.succeeded and rec.cost_usd is not None
+
+
+class CrashingRelease(MemoryProvider):
+    """Gives the machine back, then the broker dies before it records anything."""
+
+    async def release(self, alloc: Allocation) -> None:
+        await super().release(alloc)
+        raise SystemExit("the broker process dies here")
+
+
+async def test_a_crash_between_the_release_and_the_booking_neither_loses_nor_doubles_the_cost(store: Store) -> None:
+    mem, job, alloc = await placed_job(store, usd_per_hour=2.0)
+    crashing = CrashingRelease("mem", [])
+    crashing.held = mem.held
+    clock = Clock()
+    life = JobLifecycle(store, {"mem": crashing}, clock=clock)
+    crashing.set_state(alloc, AllocationState.running)
+    assert await poll(life, crashing, alloc.id) is JobState.running
+    clock.now = NOW + timedelta(hours=1)
+    crashing.end(alloc, JobExit(exit_code=0))
+    with pytest.raises(SystemExit):
+        await poll(life, crashing, alloc.id)
+    # The job ended; its machine is gone; the record still says live, with the moment the release began.
+    assert store.get_job(job.id).state is JobState.succeeded and not crashing.held
+    rec = store.get_allocation(alloc.id)
+    assert rec.state is AllocationState.running and rec.cost_usd is None
+    assert rec.attrs[RELEASING] == (NOW + timedelta(hours=1)).isoformat()
+
+    # A new broker, an hour later: its poll finds the machine gone, records it and books the hour up to the mark.
+    clock.now = NOW + timedelta(hours=2)
+    after = JobLifecycle(store, {"mem": mem}, clock=clock)
+    assert await poll(after, mem, alloc.id) is None
+    rec = store.get_allocation(alloc.id)
+    assert rec.state is AllocationState.released and rec.cost_usd == pytest.approx(2.0)
+    assert rec.ended_at == NOW + timedelta(hours=1)
+    assert store.get_job(job.id).spent_usd == pytest.approx(2.0)
+    # Ended again (another replica's poll, a reconcile): recorded, never booked twice.
+    await after.ended(rec, AllocationState.released, "again")
+    assert store.get_job(job.id).spent_usd == pytest.approx(2.0)
+    assert store.tenant_spend(job.tenant, month_start(NOW), clock.now) == pytest.approx(2.0)
+
+
+class LoggingMarket(HasJobLogs, MemoryProvider):
+    """Serves a log in which the workload printed a secret unmasked (an older wrapper, a market's own notes)."""
+
+    text = ""
+
+    async def job_log(self, alloc: Allocation, *, rank: int = 0) -> str:
+        return self.text
+
+
+async def test_the_log_is_kept_at_the_end_with_secret_values_masked_again(store: Store, tmp_path) -> None:
+    secret = "s3cr3t-value-91af"
+    (tmp_path / "tok").write_text(secret)
+    config = SecretsConfig(files={"tok": str(tmp_path / "tok")})
+    market = LoggingMarket("mem", [offer("mem", "a", 2.0)])
+    res = await submit_and_place(store, await router_over(store, market, secrets=config),
+                                 secrets={"HF_TOKEN": "tok"})
+    assert res.placed, res.reason
+    [alloc] = store.allocations(res.job.id)
+    market.text = f"2026-12-01T04:07:13.123Z out token={secret}\n"
+    sources = SecretSources(config)
+    life = JobLifecycle(store, {"mem": market}, clock=Clock(), secrets=sources)
+    market.end(alloc, JobExit(exit_code=1))
+    assert await poll(life, market, alloc.id) is JobState.failed
+    assert store.archived_logs(alloc.id) == {0: "2026-12-01T04:07:13.123Z out token=*****\n"}

@@ -29,6 +29,8 @@ It writes a PNG chart of both (``--png``) and times one deadline job over a 45-d
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import statistics
 import sys
@@ -156,6 +158,7 @@ def run_cluster_case(args: tuple[str, str, int, str]) -> dict:
     t0 = time.perf_counter()
     r = run_cluster(load_pods(pods_path), ClusterConfig(onprem_gpus=pool), load_spot_trace(spot_path), policy)
     d = r.as_dict()
+    d["exact"] = dataclasses.asdict(r)  # unrounded, for --json
     d["seconds"] = time.perf_counter() - t0
     return d
 
@@ -236,11 +239,19 @@ def time_45_days(data: Path) -> None:
             print(f"  {label:<46} {name:<17} {min(times):7.3f} s / {statistics.median(times):7.3f} s")
 
 
+def write_json(path: str, rows: list[dict], cluster: list[dict]) -> None:
+    """Every number the tables come from, exactly (floats round-trip), in a stable order (to diff two runs)."""
+    out = {"deadline": sorted(rows, key=lambda r: (r["family"], r["file"], r["deadline"], r["start"])),
+           "cluster": [{k: v for k, v in r.items() if k != "seconds"} for r in cluster]}
+    Path(path).write_text(json.dumps(out, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--png", default=str(Path(tempfile.gettempdir()) / "lockstep-policies.png"))
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--json", metavar="FILE", help="also write every job's and cluster run's numbers (full precision)")
     args = ap.parse_args()
     data = Path(args.data)
     files = spot_trace_files(data / "spot")
@@ -259,6 +270,8 @@ def main() -> None:
         rows = [r for fut in deadline_futures for r in fut.result()]
         cluster = [fut.result() for fut in cluster_futures]
     sim_s = time.perf_counter() - t0
+    if args.json:
+        write_json(args.json, rows, cluster)
     table = deadline_report(rows)
     cluster_report(cluster)
     chart(table, cluster, args.png)

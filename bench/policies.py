@@ -263,12 +263,15 @@ def main() -> None:
     jobs += [(str(pods), str(data / CLUSTER_SPOT), p, pol) for p in POOLS for pol in CLUSTER_POLICIES
              if pol != "cloud-only"]
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        # longest first: the fine-grained traces, then the cluster runs
-        order = sorted(files, key=lambda f: -len(load_spot_trace(f).available) / max(1, load_spot_trace(f).hours))
+        # longest first, so that the pool's workers finish together: the cluster's lockstep runs
+        # (the smaller the pool, the more decisions), the fine-grained traces, then the rest
+        cluster_futures = {j: pool.submit(run_cluster_case, j) for j in sorted(
+            jobs, key=lambda j: (j[3] != "lockstep", j[2]))}
+        traces = {f: load_spot_trace(f) for f in files}
+        order = sorted(files, key=lambda f: -len(traces[f].available) / max(1, traces[f].hours))
         deadline_futures = [pool.submit(run_file, str(f)) for f in order]
-        cluster_futures = [pool.submit(run_cluster_case, j) for j in jobs]
         rows = [r for fut in deadline_futures for r in fut.result()]
-        cluster = [fut.result() for fut in cluster_futures]
+        cluster = [cluster_futures[j].result() for j in jobs]
     sim_s = time.perf_counter() - t0
     if args.json:
         write_json(args.json, rows, cluster)

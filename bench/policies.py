@@ -24,6 +24,7 @@ It writes a PNG chart of both (``--png``) and times one deadline job over a 45-d
 
     python bench/policies.py                   # everything, ../shared/data, <tmp>/lockstep-policies.png
     python bench/policies.py --data DIR --png out.png --workers 2
+    python bench/policies.py --json numbers.json  # every number, full precision: diff two runs
 """
 
 from __future__ import annotations

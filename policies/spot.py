@@ -338,7 +338,7 @@ def _solve(model: AvailabilityModel, changeover_steps: int, price_ratio: float, 
     lt = np.empty((X, S1), dtype=bool)
     lo = min(k, S1)
     choices[0, :, 0] = inf  # waiting spends a step of slack: none left at s = 0
-    choices[1, :, :lo] = inf  # starting on-demand spends k
+    choices[1, :, :lo] = k * q + inf  # starting on-demand spends k (and costs k steps, as where it can)
 
     for n in range(1, steps + 1):
         prev = ring[(n - 1) % R]
@@ -346,7 +346,7 @@ def _solve(model: AvailabilityModel, changeover_steps: int, price_ratio: float, 
         # a lost spot instance leaves the job waiting
         spot_next[:B] = prev[SPOT, :B]
         spot_next[B:] = prev[IDLE, B:]
-        wait = choices[0]  # its first column stays inf (set below the loop's head)
+        wait = choices[0]  # its first column stays inf (set above)
         wait[:, 1:] = (T @ prev[IDLE])[:, :S1 - 1]
         np.matmul(T, spot_next, out=run_spot)
         run_spot += p
@@ -358,7 +358,7 @@ def _solve(model: AvailabilityModel, changeover_steps: int, price_ratio: float, 
         if k:
             back_k = ring[max(0, n - k) % R]
             start_od[:, lo:] = (Tk @ back_k[ON_DEMAND])[:, :S1 - lo]
-            start_od += k * q
+            start_od[:, lo:] += k * q
             spot_k[:, lo:] = back_k[SPOT, :, :S1 - lo]
             np.matmul(alive, spot_k, out=start_spot)
             start_spot += alive_cost

@@ -24,11 +24,14 @@ It writes a PNG chart of both (``--png``) and times one deadline job over a 45-d
 
     python bench/policies.py                   # everything, ../shared/data, <tmp>/lockstep-policies.png
     python bench/policies.py --data DIR --png out.png --workers 2
+    python bench/policies.py --json numbers.json  # every number, full precision: diff two runs
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import statistics
 import sys
@@ -156,6 +159,7 @@ def run_cluster_case(args: tuple[str, str, int, str]) -> dict:
     t0 = time.perf_counter()
     r = run_cluster(load_pods(pods_path), ClusterConfig(onprem_gpus=pool), load_spot_trace(spot_path), policy)
     d = r.as_dict()
+    d["exact"] = dataclasses.asdict(r)  # unrounded, for --json
     d["seconds"] = time.perf_counter() - t0
     return d
 
@@ -236,11 +240,19 @@ def time_45_days(data: Path) -> None:
             print(f"  {label:<46} {name:<17} {min(times):7.3f} s / {statistics.median(times):7.3f} s")
 
 
+def write_json(path: str, rows: list[dict], cluster: list[dict]) -> None:
+    """Every number the tables come from, exactly (floats round-trip), in a stable order (to diff two runs)."""
+    out = {"deadline": sorted(rows, key=lambda r: (r["family"], r["file"], r["deadline"], r["start"])),
+           "cluster": [{k: v for k, v in r.items() if k != "seconds"} for r in cluster]}
+    Path(path).write_text(json.dumps(out, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--png", default=str(Path(tempfile.gettempdir()) / "lockstep-policies.png"))
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--json", metavar="FILE", help="also write every job's and cluster run's numbers (full precision)")
     args = ap.parse_args()
     data = Path(args.data)
     files = spot_trace_files(data / "spot")
@@ -252,13 +264,18 @@ def main() -> None:
     jobs += [(str(pods), str(data / CLUSTER_SPOT), p, pol) for p in POOLS for pol in CLUSTER_POLICIES
              if pol != "cloud-only"]
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        # longest first: the fine-grained traces, then the cluster runs
-        order = sorted(files, key=lambda f: -len(load_spot_trace(f).available) / max(1, load_spot_trace(f).hours))
+        # longest first, so that the pool's workers finish together: the cluster's lockstep runs
+        # (the smaller the pool, the more decisions), the fine-grained traces, then the rest
+        cluster_futures = {j: pool.submit(run_cluster_case, j) for j in sorted(
+            jobs, key=lambda j: (j[3] != "lockstep", j[2]))}
+        traces = {f: load_spot_trace(f) for f in files}
+        order = sorted(files, key=lambda f: -len(traces[f].available) / max(1, traces[f].hours))
         deadline_futures = [pool.submit(run_file, str(f)) for f in order]
-        cluster_futures = [pool.submit(run_cluster_case, j) for j in jobs]
         rows = [r for fut in deadline_futures for r in fut.result()]
-        cluster = [fut.result() for fut in cluster_futures]
+        cluster = [cluster_futures[j].result() for j in jobs]
     sim_s = time.perf_counter() - t0
+    if args.json:
+        write_json(args.json, rows, cluster)
     table = deadline_report(rows)
     cluster_report(cluster)
     chart(table, cluster, args.png)

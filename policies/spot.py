@@ -33,12 +33,12 @@ rule (see docs/simulation.md for the comparison).
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any, cast
 
 import numpy as np
@@ -80,17 +80,23 @@ class AvailabilityModel:
 
     def summary(self) -> dict[str, float]:
         """Mean up and down run lengths the hazards imply, in hours (for the decision's numbers)."""
-        def mean_run(h: tuple[float, ...]) -> float:
-            alive, total = 1.0, 0.0
-            for b, hb in enumerate(h):
-                if b == len(h) - 1:
-                    total += alive / hb
-                    break
-                total += alive
-                alive *= 1 - hb
-            return total * self.step_hours
-        return {"spot_up_hours": round(mean_run(self.up_hazard), 3),
-                "spot_down_hours": round(mean_run(self.down_hazard), 3)}
+        return dict(_summary(self))
+
+
+@lru_cache(maxsize=256)
+def _summary(model: AvailabilityModel) -> dict[str, float]:
+    """:meth:`AvailabilityModel.summary`, once per model (every decision of a job shows it)."""
+    def mean_run(h: tuple[float, ...]) -> float:
+        alive, total = 1.0, 0.0
+        for b, hb in enumerate(h):
+            if b == len(h) - 1:
+                total += alive / hb
+                break
+            total += alive
+            alive *= 1 - hb
+        return total * model.step_hours
+    return {"spot_up_hours": round(mean_run(model.up_hazard), 3),
+            "spot_down_hours": round(mean_run(model.down_hazard), 3)}
 
 
 def plan_step_hours(deadline_hours: float) -> float:
@@ -128,26 +134,28 @@ def availability_model(series: Sequence[bool] | np.ndarray, gap_seconds: float, 
     ticks = plan_step(gap_seconds, step_hours)
     step = ticks * gap_seconds / 3600.0
     steps = resample(series, ticks)
-    runs = [(bool(k), sum(1 for _ in g)) for k, g in itertools.groupby(steps)]
+    # the runs of availability and unavailability: where each starts, how long, which side
+    starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]]) if len(steps) else np.zeros(0, dtype=np.intp)
+    lengths = np.diff(np.r_[starts, len(steps)])
+    sides = steps[starts]
+    ended_run = np.arange(len(starts)) < len(starts) - 1  # the last run has not ended
+    ages = np.arange(buckets - 1)
     hazards = []
     for side, prior_hours in ((True, PRIOR_UP_HOURS), (False, PRIOR_DOWN_HOURS)):
-        ended = np.zeros(buckets)
+        mine = lengths[sides == side]
+        # a run of length L lived through ages 0 .. L-1 (the last bucket counts every older age)
         at_risk = np.zeros(buckets)
-        for i, (up, length) in enumerate(runs):
-            if up is not side:
-                continue
-            full = min(length, buckets - 1)
-            at_risk[:full] += 1
-            if length >= buckets:
-                at_risk[buckets - 1] += length - (buckets - 1)
-            if i < len(runs) - 1:  # the last run has not ended
-                ended[min(length - 1, buckets - 1)] += 1
+        at_risk[:-1] = (mine[:, None] > ages[None, :]).sum(axis=0)
+        at_risk[-1] += (mine[mine >= buckets] - (buckets - 1)).sum()
+        # and ended at its last age, unless it is still going
+        gone = mine[ended_run[sides == side]]
+        ended = np.bincount(np.minimum(gone - 1, buckets - 1), minlength=buckets).astype(float)
         h0 = min(1.0, step / prior_hours)
         prior_risk = PRIOR_RUNS * (1 - h0) ** np.arange(buckets)
         prior_risk[-1] /= max(h0, 1e-9)
         hz = (ended + prior_risk * h0) / (at_risk + prior_risk)
         hazards.append(tuple(float(x) for x in np.clip(hz, 1e-6, 1 - 1e-6)))
-    return AvailabilityModel(step, hazards[0], hazards[1], runs_seen=len(runs))
+    return AvailabilityModel(step, hazards[0], hazards[1], runs_seen=len(starts))
 
 
 def current_run(series: Sequence[bool] | np.ndarray, gap_seconds: float) -> tuple[bool, float]:
@@ -312,49 +320,74 @@ def _solve(model: AvailabilityModel, changeover_steps: int, price_ratio: float, 
     S1 = slack + 1
     inf = UNREACHABLE
     table = np.zeros((steps + 1, 2, X, S1), dtype=np.int8)
-    s_idx = np.arange(S1)
-    hist: list[np.ndarray] = [np.zeros((3, X, S1))]  # V[n] for the last k+1 n
-
-    def shifted(a: np.ndarray, by: int) -> np.ndarray:
-        """a[..., s - by]: a move that spends ``by`` steps of slack (inf where there is not enough)."""
-        if by == 0:
-            return a
-        out = np.full(a.shape, inf)
-        if by < S1:
-            out[..., by:] = a[..., :S1 - by]
-        return out
-
-    def back(j: int) -> np.ndarray:
-        return hist[max(0, len(hist) - j)]
+    # V[n] for the last k+1 n, in a ring of preallocated arrays (V[n] in ring[n % R]). The loop
+    # below is the plain recurrence with its buffers kept between steps: every value is the
+    # same arithmetic on the same operands (matrix products on contiguous arrays, as written).
+    R = k + 2
+    ring = [np.zeros((3, X, S1)) for _ in range(R)]
+    alive_cost = alive.sum(axis=1)[:, None] * (k * p)
+    lost_col = [lost[j][:, None] for j in range(k)]
+    # shifted operands, a[..., s - by] (inf where there is not enough slack): their inf heads are set once
+    spot_k = np.full((X, S1), inf)  # V[n-k][SPOT] spent by k
+    idle_j = [np.full(S1, inf) for _ in range(k)]  # V[n-j-1][IDLE][B] spent by j+1
+    spot_next = np.empty((X, S1))
+    choices = np.empty((2, X, S1))  # from idle: wait, start on-demand (and start spot, below)
+    od_choices = np.empty((2, X, S1))  # from on-demand: keep it, start spot
+    run_spot = np.empty((X, S1))
+    best = np.empty((X, S1))
+    lt = np.empty((X, S1), dtype=bool)
+    lo = min(k, S1)
+    choices[0, :, 0] = inf  # waiting spends a step of slack: none left at s = 0
+    choices[1, :, :lo] = k * q + inf  # starting on-demand spends k (and costs k steps, as where it can)
 
     for n in range(1, steps + 1):
-        prev = back(1)
-        spot_next = np.where(up[:, None], prev[SPOT], prev[IDLE])  # a lost spot instance leaves the job waiting
-        wait = shifted(T @ prev[IDLE], 1)
-        run_spot = p + T @ spot_next
-        run_od = q + T @ prev[ON_DEMAND]
+        prev = ring[(n - 1) % R]
+        V = ring[n % R]
+        # a lost spot instance leaves the job waiting
+        spot_next[:B] = prev[SPOT, :B]
+        spot_next[B:] = prev[IDLE, B:]
+        wait = choices[0]  # its first column stays inf (set above)
+        wait[:, 1:] = (T @ prev[IDLE])[:, :S1 - 1]
+        np.matmul(T, spot_next, out=run_spot)
+        run_spot += p
+        run_od = od_choices[0]
+        np.matmul(T, prev[ON_DEMAND], out=run_od)
+        run_od += q
+        start_spot = od_choices[1]
+        start_od = choices[1]
         if k:
-            start_od = k * q + shifted(Tk @ back(k)[ON_DEMAND], k)
-            start_spot = alive.sum(axis=1)[:, None] * (k * p) + alive @ shifted(back(k)[SPOT], k)
+            back_k = ring[max(0, n - k) % R]
+            start_od[:, lo:] = (Tk @ back_k[ON_DEMAND])[:, :S1 - lo]
+            start_od[:, lo:] += k * q
+            spot_k[:, lo:] = back_k[SPOT, :, :S1 - lo]
+            np.matmul(alive, spot_k, out=start_spot)
+            start_spot += alive_cost
             for j in range(k):
-                start_spot = start_spot + lost[j][:, None] * ((j + 1) * p + shifted(back(j + 1)[IDLE][B], j + 1))
+                shifted = idle_j[j]
+                by = min(j + 1, S1)
+                shifted[by:] = ring[max(0, n - j - 1) % R][IDLE, B, :S1 - by]
+                start_spot += lost_col[j] * ((j + 1) * p + shifted)
         else:
-            start_od, start_spot = run_od, run_spot
-        start_spot = np.where(up[:, None], start_spot, inf)
-        V = np.empty((3, X, S1))
-        idle_choices = np.stack([wait, start_spot, start_od])
-        table[n, 0] = idle_choices.argmin(axis=0)
-        V[IDLE] = idle_choices.min(axis=0)
-        V[SPOT] = np.where(up[:, None], run_spot, V[IDLE])
-        od_choices = np.stack([run_od, start_spot])
-        pick = od_choices.argmin(axis=0)
-        table[n, 1] = np.where(pick == 1, SPOT, ON_DEMAND)
-        V[ON_DEMAND] = od_choices.min(axis=0)
+            start_od[...] = run_od
+            start_spot[...] = run_spot
+        start_spot[B:] = inf  # no spot to start while it is down
+        # the first cheapest choice (argmin's, by comparisons: the same choice, quicker on small arrays)
+        np.less(start_spot, wait, out=lt)
+        np.minimum(wait, start_spot, out=best)
+        act = table[n, 0]
+        np.copyto(act, lt)  # 0: wait, 1: start spot
+        np.less(start_od, best, out=lt)
+        np.copyto(act, ON_DEMAND, where=lt)
+        np.minimum(best, start_od, out=V[IDLE])
+        V[SPOT, :B] = run_spot[:B]
+        V[SPOT, B:] = V[IDLE, B:]
+        np.less(start_spot, run_od, out=lt)
+        act = table[n, 1]
+        act[...] = ON_DEMAND  # stay on on-demand, or start spot
+        np.copyto(act, SPOT, where=lt)
+        np.minimum(run_od, start_spot, out=V[ON_DEMAND])
         np.minimum(V, UNREACHABLE, out=V)
-        V[:, :, s_idx >= n] = 0.0  # no work left: done
-        hist.append(V)
-        if len(hist) > k + 1:
-            hist.pop(0)
+        V[:, :, n:] = 0.0  # no work left: done
     table.setflags(write=False)
     return table
 

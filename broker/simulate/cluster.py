@@ -219,6 +219,7 @@ class Cluster:
         self.preempt_rate = rate.per_hour if rate.instance_hours > 0 else DEFAULT_PREEMPTIONS_PER_HOUR
         self.models: dict[tuple[tuple[int, int], float], Any] = {}
         self.attempt_of: dict[int, int] = {}  # the cloud attempt a "cloud_done" event belongs to
+        self.job_quotes: dict[int, tuple[JobSpec, list[QuoteOption]]] = {}
 
     # ------------------------------------------------------------------ events
     def push(self, t: float, kind: str, job_id: int = -1) -> None:
@@ -366,11 +367,19 @@ class Cluster:
 
     # ------------------------------------------------------------------ decisions
     def spec_options(self, job: SimJob, now: float, with_onprem: bool = False) -> tuple[JobSpec, list[QuoteOption]]:
-        spec = JobSpec(name=f"job-{job.id}", gpu=[self.cfg.gpu], gpus=job.gpus, workload=Workload(hours=job.duration),
-                       interruptible=job.interruptible, checkpoint_minutes=1e-6)
+        # the job's spec and its cloud options do not change between its decisions: built once
+        # (policies are pure: they never change what they are given)
+        kept = self.job_quotes.get(job.id)
+        if kept is None:
+            spec = JobSpec(name=f"job-{job.id}", gpu=[self.cfg.gpu], gpus=job.gpus,
+                           workload=Workload(hours=job.duration), interruptible=job.interruptible,
+                           checkpoint_minutes=1e-6)
+            rates = cloud_rates(self.cfg.gpu, job.gpus, job.interruptible)
+            cloud = [_scaled(rates[m], job.duration) for m in (Market.spot, Market.on_demand) if m in rates]
+            kept = self.job_quotes[job.id] = (spec, cloud)
+        spec, cloud = kept
         left = job.duration - job.done
-        rates = cloud_rates(self.cfg.gpu, job.gpus, job.interruptible)
-        options = [_scaled(rates[m], job.duration) for m in (Market.spot, Market.on_demand) if m in rates]
+        options = list(cloud)
         if with_onprem and self.node_gpus and job.gpus <= max(self.node_gpus):
             wait = self.queue_wait(job, now)
             wait = wait if math.isfinite(wait) else api.UNLIMITED_JOB_HOURS * 7

@@ -436,27 +436,25 @@ def optimal(job: DeadlineJob | JobSeconds, available: np.ndarray | Sequence[bool
     per_s = np.array([0.0, js.spot_price / 3600.0, js.ondemand_price / 3600.0])
     u_sec = np.arange(W, dtype=np.int64) * g
     inf = np.inf
-    # layers[t]: cost (and paid seconds), shape (3, W): idle, spot running, on-demand running
-    layers: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
-
-    def layer(t: int) -> tuple[np.ndarray, np.ndarray | None]:
-        if t not in layers:
-            layers[t] = (np.full((3, W), inf), np.zeros((3, W)) if split else None)
-        return layers[t]
+    # layer t: cost (and paid seconds), shape (3, W): idle, spot running, on-demand running. A move
+    # reaches at most k ticks ahead, so layers t .. t+k are kept in a ring of k+1 (unreached: inf).
+    R = k + 1
+    ring_cost = np.full((R, 3, W), inf)
+    ring_paid = np.zeros((R, 3, W)) if split else None
 
     def relax(t: int, rows: slice, lo: int, cost: np.ndarray, paid: np.ndarray | None) -> None:
         """Offer ``cost`` (and ``paid``) to states ``u = lo, lo+1, …`` of the modes ``rows`` at tick ``t``."""
         n = min(cost.shape[-1], W - lo)
         if n <= 0:
             return
-        tc, tp = layer(t)
-        cur = tc[rows, lo:lo + n]
-        if tp is None or paid is None:
+        cur = ring_cost[t % R, rows, lo:lo + n]
+        if ring_paid is None or paid is None:
             np.minimum(cur, cost[..., :n], out=cur)
             return
         better = cost[..., :n] < cur
-        tc[rows, lo:lo + n] = np.where(better, cost[..., :n], cur)
-        tp[rows, lo:lo + n] = np.where(better, paid[..., :n], tp[rows, lo:lo + n])
+        tp = ring_paid[t % R, rows, lo:lo + n]
+        np.copyto(cur, cost[..., :n], where=better)
+        np.copyto(tp, np.broadcast_to(paid[..., :n], tp.shape), where=better)
 
     best = [inf, 0.0, 0]  # cost, paid seconds, finish second
 
@@ -476,23 +474,28 @@ def optimal(job: DeadlineJob | JobSeconds, available: np.ndarray | Sequence[bool
         if total[i] < best[0]:
             best[:] = [float(total[i]), float((paid[i] if paid is not None else 0.0) + rest[i]), int(C + u[i] + lead)]
 
-    layer(0)[0][0, 0] = 0.0
+    ring_cost[0, 0, 0] = 0.0
     cols = np.arange(W)
+    step_on = per_s * gap  # a tick of running, per mode
+    step_off = step_on.copy()
+    step_off[1] = inf  # a spot instance is lost at this tick: it can only stop
+    start_on = per_s * k * gap  # a start (k ticks), per mode
+    start_off = start_on.copy()
+    start_off[1] = inf
+    steps_col = {True: step_on[1:, None], False: step_off[1:, None]}
+    starts_col = {True: start_on[1:, None], False: start_off[1:, None]}
     for t in range(ticks):
-        cur = layers.pop(t, None)
-        if cur is None:
-            continue
-        cost, paid = cur
+        cost = ring_cost[t % R]
+        paid = ring_paid[t % R] if ring_paid is not None else None
         if paid is None:
             free, free_paid = cost.min(axis=0), None
         else:
             pick = cost.argmin(axis=0)
             free, free_paid = cost[pick, cols], paid[pick, cols]
-        if not np.isfinite(free).any():
+        if free.min() == inf:  # nothing reached this tick (costs are never NaN)
             continue
-        step = per_s * gap
-        if not avail[t]:
-            step[1] = inf  # a spot instance is lost at this tick: it can only stop
+        spot_ok = bool(avail[t])
+        step = step_on if spot_ok else step_off
         if t + 1 < ticks:
             relax(t + 1, slice(0, 1), G, free[None, :], None if free_paid is None else free_paid[None, :])
         # keep running: the job is done within this tick for u ≤ fin
@@ -503,11 +506,10 @@ def optimal(job: DeadlineJob | JobSeconds, available: np.ndarray | Sequence[bool
                     finish(t, cost[m], None if paid is None else paid[m], fin, per_s[m], 0)
         keep = max(fin + 1, 0)
         if t + 1 < ticks and keep < W:
-            relax(t + 1, slice(1, 3), keep, cost[1:, keep:] + step[1:, None],
+            relax(t + 1, slice(1, 3), keep, cost[1:, keep:] + steps_col[spot_ok],
                   None if paid is None else paid[1:, keep:] + gap)
         # start an instance (k ticks, u grows by the changeover); done within the start for u ≤ fin
         fin = (t * gap + k * gap - d - C) // g
-        spot_ok = avail[t]
         if fin >= 0:
             if spot_ok:
                 n = min(fin + 1, W)
@@ -516,11 +518,12 @@ def optimal(job: DeadlineJob | JobSeconds, available: np.ndarray | Sequence[bool
             finish(t, free, free_paid, fin, per_s[2], d)
         keep = max(fin + 1, 0)
         if t + k < ticks and keep < W - Dd:
-            start = per_s * k * gap
-            if not (spot_ok and run[t] >= k):
-                start[1] = inf
-            relax(t + k, slice(1, 3), keep + Dd, free[None, keep:] + start[1:, None],
+            relax(t + k, slice(1, 3), keep + Dd, free[None, keep:W - Dd] + starts_col[spot_ok and bool(run[t] >= k)],
                   None if free_paid is None else np.broadcast_to(free_paid[keep:] + k * gap, (2, W - keep)))
+        # this tick's layer is done: it is tick t+R's now
+        cost.fill(inf)
+        if paid is not None:
+            paid.fill(0.0)
     best_cost, best_paid, best_end = best
     if not math.isfinite(best_cost):
         return DeadlineResult("optimal", math.inf, 0.0, 0.0, None, False, preemptions=None)

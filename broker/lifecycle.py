@@ -207,8 +207,14 @@ class JobLifecycle:
 
     async def note_waiting(self, job: Job, reason: str) -> None:
         """Say why a pending job stays pending (no state change, no event; written only when it changed)."""
-        if job.reason != reason:
-            await asyncio.to_thread(self.store.update_job, job.id, reason=reason)
+        await self.note_waiting_many([(job, reason)])
+
+    async def note_waiting_many(self, notes: Sequence[tuple[Job, str]]) -> None:
+        """:meth:`note_waiting` for many jobs in one write (a placement pass's worth); only jobs still
+        pending are changed."""
+        changed = {job.id: reason for job, reason in notes if job.reason != reason}
+        if changed:
+            await asyncio.to_thread(self.store.note_reasons, changed)
 
     async def start_attempt(self, job_id: str) -> int:
         """Count one more launch attempt and persist it (before its intent and the provider call)."""

@@ -10,6 +10,7 @@ row-locked state change (pending → placing, only from pending), so two replica
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import secrets
@@ -35,6 +36,9 @@ RETRY_AFTER = timedelta(seconds=15)  # a job that could not be placed waits this
 # jobs and intents, once older than reconcile's stale_after) and retries releases that failed.
 RECONCILE_EVERY_S = 300.0
 PLACING_AT_ONCE = 8  # placements (launches) in flight at once in one pass
+# Passes woken by submissions start at most this often: a burst of submissions is placed by one pass
+# rather than one pass (and one look over the pending queue) per submission.
+PLACE_MIN_GAP_S = 0.1
 
 
 class BrokerLoops:
@@ -81,20 +85,24 @@ class BrokerLoops:
     async def place_pending(self, job_ids: list[str] | None = None) -> list[PlacementResult]:
         """One placement pass over pending jobs (all, or those named). Returns what happened to each."""
         now = self.clock()
-        pending = await asyncio.to_thread(self.store.jobs_in_states, [JobState.pending])
         if job_ids is not None:
-            wanted = set(job_ids)
-            pending = [j for j in pending if j.id in wanted]
+            pending = await asyncio.to_thread(self.store.jobs_in_states, [JobState.pending], job_ids)
         else:
-            waiting = {j.id for j in pending}  # forget the waits of jobs no longer pending
+            # Look over every pending job's id, but read in full (spec and all) only those due a try now:
+            # a queue of thousands waiting out RETRY_AFTER costs a light scan, not thousands of models.
+            heads = await asyncio.to_thread(self.store.job_heads, JobState.pending)
+            waiting = {job_id for job_id, _ in heads}  # forget the waits of jobs no longer pending
             self._waits = {k: v for k, v in self._waits.items() if k in waiting}
-            pending = [j for j in pending if self._retry_at.get(j.id, now) <= now]
+            self._retry_at = {k: v for k, v in self._retry_at.items() if k in waiting}
+            due = [job_id for job_id, _ in heads if self._retry_at.get(job_id, now) <= now]
+            pending = await asyncio.to_thread(self.store.jobs_in_states, [JobState.pending], due) if due else []
         results: list[PlacementResult] = []
         unhealthy = await asyncio.to_thread(self.store.unhealthy_nodes) if pending else {}
         held = await self.router.held_offers() if pending else set()
         # Same spec, same book, same moment: same verdict. Many jobs share a spec (a sweep, a
         # batch), and ranking is the CPU cost of a pass, so each distinct spec is ranked once.
         verdicts: dict[str, str] = {}
+        waits: list[tuple[Job, str]] = []  # jobs that stay pending, and why
 
         def unplaceable(job: Job) -> str:
             key = job.spec.model_dump_json()
@@ -109,7 +117,7 @@ class BrokerLoops:
             why = unplaceable(job)
             if why:
                 self._retry_at[job.id] = now + RETRY_AFTER
-                await self.lifecycle.note_waiting(job, why)
+                waits.append((job, why))  # written for the whole pass at once, below
                 results.append(PlacementResult(job, False, why))
                 return
             async with self._sem:
@@ -129,6 +137,7 @@ class BrokerLoops:
                 results.append(res)
 
         await asyncio.gather(*(one(j) for j in pending))
+        await self.lifecycle.note_waiting_many(waits)
         return results
 
     async def _give_up(self, job: Job, now: datetime, results: list[PlacementResult]) -> bool:
@@ -180,8 +189,10 @@ class BrokerLoops:
 
     # ------------------------------------------------------------------ loops
     async def _loop(self, name: str, interval: float, fn: Callable[[], Awaitable[Any]],
-                    wake: asyncio.Event | None = None) -> None:
+                    wake: asyncio.Event | None = None, min_gap: float = 0.0) -> None:
+        loop = asyncio.get_running_loop()
         while not self._stop.is_set():
+            started = loop.time()
             try:
                 await fn()
             except Exception:
@@ -194,6 +205,10 @@ class BrokerLoops:
                 p.cancel()
             if wake is not None:
                 wake.clear()
+            rest = started + min_gap - loop.time()
+            if rest > 0 and not self._stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), rest)
 
     async def reconcile_periodic(self) -> None:
         """A reconciliation beside this process's own placement loop (never exclusive)."""
@@ -219,7 +234,8 @@ class BrokerLoops:
         self._stop.clear()
         self._tasks = [
             asyncio.create_task(self._loop("refresh", b.refresh_interval_s, self.market.refresh)),
-            asyncio.create_task(self._loop("place", b.place_interval_s, self.place_pending, self.wake)),
+            asyncio.create_task(self._loop("place", b.place_interval_s, self.place_pending, self.wake,
+                                           min(PLACE_MIN_GAP_S, b.place_interval_s))),
             asyncio.create_task(self._loop("poll", b.poll_interval_s, self.poll_once)),
             asyncio.create_task(self._loop("reconcile", RECONCILE_EVERY_S, self.reconcile_periodic)),
         ]

@@ -627,9 +627,11 @@ class JobSpec(SpecModel):
             return submitted + parse_duration(self.deadline_in)
         return None
 
-    def fingerprint(self) -> str:
-        """Stable hash of the normalised spec (idempotency, dedup)."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    def fingerprint(self, dumped: dict[str, Any] | None = None) -> str:
+        """Stable hash of the normalised spec (idempotency, dedup). ``dumped``: its ``model_dump(mode="json")``
+        when the caller has it already."""
+        blob = json.dumps(dumped if dumped is not None else self.model_dump(mode="json"), sort_keys=True,
+                          separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -28,7 +28,7 @@ class JobsService(Runtime):
         now = self.clock()
         job = Job(id=new_job_id(), tenant=tenant, spec=spec, deadline=spec.deadline_at(now), created_at=now,
                   updated_at=now)
-        job, created = await self.db(self.store.create_job, job, idempotency_key)
+        job, created = await self._submissions.write(job, idempotency_key)
         if created:
             self.job_submitted.set()
         return job, created

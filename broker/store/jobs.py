@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
-from broker.errors import ConflictError, NotFoundError, SpecError, StoreError
+from broker.errors import ConflictError, LockstepError, NotFoundError, SpecError, StoreError
 from broker.models import (
     ALLOWED_TRANSITIONS,
     Allocation,
@@ -36,6 +36,11 @@ JOBS = table_of(JobRow)
 EVENTS = table_of(JobEventRow)
 ALLOCS = table_of(AllocationRow)
 IDEM = table_of(IdempotencyKeyRow)
+# Statements built once (SQLAlchemy then compiles each once): a statement built per call with its values
+# inlined costs more to build and to key its compiled-SQL cache than the write itself.
+INSERT_JOB = JOBS.insert()
+INSERT_EVENT = EVENTS.insert()
+INSERT_IDEM = IDEM.insert()
 
 # Job fields that transition()/update_job() may set besides the state.
 JOB_FIELDS: frozenset[str] = frozenset(
@@ -69,6 +74,7 @@ ALLOCATION_FIELDS: frozenset[str] = frozenset(
 LIVE_STATES: tuple[AllocationState, ...] = tuple(AllocationState(s) for s in LIVE_ALLOCATION_STATES)
 # Allocations that cost money while they last (for spend accrual).
 BILLING_STATES: tuple[str, ...] = (AllocationState.pending.value, AllocationState.running.value)
+ID_CHUNK = 500  # ids per IN (...) list: under SQLite's and PostgreSQL's bind parameter limits
 
 
 def _job(row: Row[Any], events: list[JobEvent] | None = None) -> Job:
@@ -118,14 +124,15 @@ class JobStore(Database):
         at: datetime,
     ) -> None:
         conn.execute(
-            EVENTS.insert().values(
-                job_id=job_id,
-                at=at,
-                from_state=from_state.value if from_state else None,
-                to_state=to_state.value,
-                reason=reason,
-                data=json.loads(json.dumps(data or {}, default=str)),
-            )
+            INSERT_EVENT,  # one statement, compiled once: its parameters vary, not its text
+            {
+                "job_id": job_id,
+                "at": at,
+                "from_state": from_state.value if from_state else None,
+                "to_state": to_state.value,
+                "reason": reason,
+                "data": json.loads(json.dumps(data, default=str)) if data else {},
+            },
         )
 
     def _job_row(self, conn: Connection, job_id: str, lock: bool = False) -> Row[Any]:
@@ -148,16 +155,20 @@ class JobStore(Database):
         With an idempotency key (scoped to the tenant), a repeat with the same spec
         returns the existing job and False; the same key with another spec is a
         ConflictError.
+
+        One short write transaction (SQLite: behind this process's other writers, never behind a
+        provider call); the new job is returned as written, not read back.
         """
-        fingerprint = job.spec.fingerprint()
+        spec_json = job.spec.model_dump(mode="json")
+        fingerprint = job.spec.fingerprint(spec_json)
         try:
             with self._tx() as conn:
                 if idempotency_key:
                     existing = self._idem_lookup(conn, job.tenant, idempotency_key, fingerprint)
                     if existing is not None:
                         return existing, False
-                self._insert_job(conn, job, fingerprint, idempotency_key)
-                return self._full_job(conn, job.id), True
+                written = self._insert_job(conn, job, spec_json, fingerprint, idempotency_key)
+                return (written or self._full_job(conn, job.id)), True
         except sa.exc.IntegrityError as exc:
             # Lost a race on the same key (PostgreSQL), or the job id exists.
             if idempotency_key:
@@ -167,6 +178,42 @@ class JobStore(Database):
                         return existing, False
             raise ConflictError(f"job {job.id} already exists") from exc
 
+    def create_jobs(self, items: Sequence[tuple[Job, str | None]]) -> list[tuple[Job, bool] | LockstepError]:
+        """:meth:`create_job` for many submissions in one transaction (a group commit): per item, what
+        ``create_job`` would return, or the error it would raise. Same rules: a key repeated with the same
+        spec (in the store or earlier in ``items``) gives the first job and False; with another spec, a
+        ConflictError for that item alone. When the batch cannot be written as one (another writer won a
+        race on a key, an id exists), each item is written on its own, so no item fails for another's sake.
+        """
+        if len(items) == 1:
+            return [self._create_one(*items[0])]
+        out: list[tuple[Job, bool] | LockstepError] = []
+        try:
+            with self._tx() as conn:
+                for job, key in items:  # in order, as one after the other would: a repeat sees the first
+                    spec_json = job.spec.model_dump(mode="json")
+                    fingerprint = job.spec.fingerprint(spec_json)
+                    if key:
+                        try:
+                            existing = self._idem_lookup(conn, job.tenant, key, fingerprint)
+                        except ConflictError as exc:
+                            out.append(exc)
+                            continue
+                        if existing is not None:
+                            out.append((existing, False))
+                            continue
+                    written = self._insert_job(conn, job, spec_json, fingerprint, key)
+                    out.append((written or self._full_job(conn, job.id), True))
+        except sa.exc.IntegrityError:
+            return [self._create_one(job, key) for job, key in items]
+        return out
+
+    def _create_one(self, job: Job, key: str | None) -> tuple[Job, bool] | LockstepError:
+        try:
+            return self.create_job(job, key)
+        except LockstepError as exc:
+            return exc
+
     def _idem_lookup(self, conn: Connection, tenant: str, key: str, fingerprint: str) -> Job | None:
         row = conn.execute(sa.select(IDEM).where(IDEM.c.tenant == tenant, IDEM.c.key == key)).first()
         if row is None:
@@ -175,34 +222,45 @@ class JobStore(Database):
             raise ConflictError("idempotency key already used for a different job spec")
         return self._full_job(conn, row.job_id)
 
-    def _insert_job(self, conn: Connection, job: Job, fingerprint: str, key: str | None) -> None:
+    def _insert_job(self, conn: Connection, job: Job, spec_json: dict[str, Any], fingerprint: str,
+                    key: str | None) -> Job | None:
+        """Insert the job, its first event and its idempotency key. Returns the job as stored (with its
+        event) when that is plainly the job given, else None (the caller reads it back)."""
         deadline = job.deadline or job.spec.deadline_at(job.created_at)
+        decision = json.loads(json.dumps(job.decision, default=str)) if job.decision else {}
         conn.execute(
-            JOBS.insert().values(
-                id=job.id,
-                tenant=job.tenant,
-                state=job.state.value,
-                reason=job.reason,
-                spec=job.spec.model_dump(mode="json"),
-                fingerprint=fingerprint,
-                placement=job.placement.model_dump(mode="json") if job.placement else None,
-                decision=json.loads(json.dumps(job.decision, default=str)),
-                gpus=job.spec.gpus,
-                created_at=job.created_at,
-                updated_at=job.updated_at,
-                deadline=deadline,
-                attempts=job.attempts,
-                preemptions=job.preemptions,
-                spent_usd=job.spent_usd,
-            )
+            INSERT_JOB,
+            {
+                "id": job.id,
+                "tenant": job.tenant,
+                "state": job.state.value,
+                "reason": job.reason,
+                "spec": spec_json,
+                "fingerprint": fingerprint,
+                "placement": job.placement.model_dump(mode="json") if job.placement else None,
+                "decision": decision,
+                "gpus": job.spec.gpus,
+                "created_at": job.created_at,
+                "updated_at": job.updated_at,
+                "deadline": deadline,
+                "attempts": job.attempts,
+                "preemptions": job.preemptions,
+                "spent_usd": job.spent_usd,
+            },
         )
-        self._insert_event(conn, job.id, None, job.state, job.reason or "submitted", None, job.created_at)
+        reason = job.reason or "submitted"
+        self._insert_event(conn, job.id, None, job.state, reason, None, job.created_at)
         if key:
             conn.execute(
-                IDEM.insert().values(
-                    tenant=job.tenant, key=key, fingerprint=fingerprint, job_id=job.id, created_at=utcnow()
-                )
+                INSERT_IDEM,
+                {"tenant": job.tenant, "key": key, "fingerprint": fingerprint, "job_id": job.id,
+                 "created_at": utcnow()},
             )
+        if job.placement is not None or job.decision or job.events:
+            return None
+        event = JobEvent(job_id=job.id, at=job.created_at, from_state=None, to_state=job.state, reason=reason)
+        return job.model_copy(update={"deadline": deadline, "events": [event],
+                                      "created_at": as_utc(job.created_at), "updated_at": as_utc(job.updated_at)})
 
     def get_job(self, job_id: str, tenant: str | None = None) -> Job:
         """The job with its events; NotFoundError when absent or another tenant's."""
@@ -297,16 +355,42 @@ class JobStore(Database):
             self._job_row(conn, job_id)
             return self._events_in(conn, job_id)
 
-    def jobs_in_states(self, states: Iterable[JobState]) -> list[Job]:
-        """Jobs in any of ``states`` (without events), oldest first."""
+    def jobs_in_states(self, states: Iterable[JobState], ids: Iterable[str] | None = None) -> list[Job]:
+        """Jobs in any of ``states`` (without events), oldest first; with ``ids``, only those of them."""
         values = [JobState(s).value for s in states]
         if not values:
             return []
+        q = sa.select(JOBS).where(JOBS.c.state.in_(values))
+        if ids is None:
+            with self._tx(write=False) as conn:
+                return [_job(r) for r in conn.execute(q.order_by(JOBS.c.created_at, JOBS.c.id))]
+        wanted = list(dict.fromkeys(ids))
+        rows: list[Row[Any]] = []
         with self._tx(write=False) as conn:
-            rows = conn.execute(
-                sa.select(JOBS).where(JOBS.c.state.in_(values)).order_by(JOBS.c.created_at, JOBS.c.id)
-            )
-            return [_job(r) for r in rows]
+            for i in range(0, len(wanted), ID_CHUNK):
+                rows.extend(conn.execute(q.where(JOBS.c.id.in_(wanted[i:i + ID_CHUNK]))))
+        rows.sort(key=lambda r: (as_utc(r.created_at), r.id))
+        return [_job(r) for r in rows]
+
+    def job_heads(self, state: JobState) -> list[tuple[str, datetime]]:
+        """(id, updated_at) of the jobs in ``state``, oldest first: what a placement pass looks over
+        before it reads in full only the jobs it will try (no spec parsed, no model built)."""
+        q = (sa.select(JOBS.c.id, JOBS.c.updated_at).where(JOBS.c.state == JobState(state).value)
+             .order_by(JOBS.c.created_at, JOBS.c.id))
+        with self._tx(write=False) as conn:
+            return [(r[0], r[1]) for r in conn.execute(q)]
+
+    def note_reasons(self, reasons: dict[str, str], state: JobState = JobState.pending) -> int:
+        """Set why each job waits (``{job id: reason}``), in one transaction; only jobs still in ``state``
+        (a job moved meanwhile keeps what its mover wrote). No event. Returns how many changed."""
+        if not reasons:
+            return 0
+        now = utcnow()
+        q = (JOBS.update().where(JOBS.c.id == sa.bindparam("job_id"), JOBS.c.state == JobState(state).value)
+             .values(reason=sa.bindparam("why"), updated_at=now))
+        with self._tx() as conn:
+            res = conn.execute(q, [{"job_id": k, "why": v} for k, v in reasons.items()])
+        return int(res.rowcount or 0)
 
     # ------------------------------------------------------------------ allocations
 

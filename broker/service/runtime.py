@@ -104,6 +104,9 @@ class Runtime:
         self._stop_tracker: asyncio.Event | None = None
         self._tracker: Tracker | None = None
         self._unhealthy_cache: tuple[float, dict[tuple[str, str], str]] | None = None
+        # The API's quotes as JSON, reused briefly on the same book (OffersService.quote_json).
+        self._quote_texts: dict[tuple[str, int, int | None], tuple[float, str]] = {}
+        self._quote_book: object = None  # the book those quotes were ranked on
 
     # ------------------------------------------------------------------ plumbing
     @property

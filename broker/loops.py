@@ -38,7 +38,7 @@ RECONCILE_EVERY_S = 300.0
 PLACING_AT_ONCE = 8  # placements (launches) in flight at once in one pass
 # Passes woken by submissions start at most this often: a burst of submissions is placed by one pass
 # rather than one pass (and one look over the pending queue) per submission.
-PLACE_MIN_GAP_S = 0.1
+PLACE_MIN_GAP_S = 0.25
 
 
 class BrokerLoops:

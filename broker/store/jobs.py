@@ -167,8 +167,7 @@ class JobStore(Database):
                     existing = self._idem_lookup(conn, job.tenant, idempotency_key, fingerprint)
                     if existing is not None:
                         return existing, False
-                written = self._insert_job(conn, job, spec_json, fingerprint, idempotency_key)
-                return (written or self._full_job(conn, job.id)), True
+                return self._insert_job(conn, job, spec_json, fingerprint, idempotency_key), True
         except sa.exc.IntegrityError as exc:
             # Lost a race on the same key (PostgreSQL), or the job id exists.
             if idempotency_key:
@@ -188,12 +187,23 @@ class JobStore(Database):
         if len(items) == 1:
             return [self._create_one(*items[0])]
         out: list[tuple[Job, bool] | LockstepError] = []
+        jobs: list[dict[str, Any]] = []
+        events: list[dict[str, Any]] = []
+        keys: list[dict[str, Any]] = []
+        mine: dict[tuple[str, str], tuple[str, int]] = {}  # keys used earlier in this batch → (fingerprint, item)
         try:
             with self._tx() as conn:
                 for job, key in items:  # in order, as one after the other would: a repeat sees the first
                     spec_json = job.spec.model_dump(mode="json")
                     fingerprint = job.spec.fingerprint(spec_json)
                     if key:
+                        earlier = mine.get((job.tenant, key))
+                        if earlier is not None:
+                            first = out[earlier[1]]
+                            out.append(ConflictError("idempotency key already used for a different job spec")
+                                       if earlier[0] != fingerprint else
+                                       (first[0], False) if isinstance(first, tuple) else first)
+                            continue
                         try:
                             existing = self._idem_lookup(conn, job.tenant, key, fingerprint)
                         except ConflictError as exc:
@@ -202,8 +212,19 @@ class JobStore(Database):
                         if existing is not None:
                             out.append((existing, False))
                             continue
-                    written = self._insert_job(conn, job, spec_json, fingerprint, key)
-                    out.append((written or self._full_job(conn, job.id), True))
+                        mine[(job.tenant, key)] = (fingerprint, len(out))
+                    row, event, idem, written = self._job_rows(job, spec_json, fingerprint, key)
+                    jobs.append(row)
+                    events.append(event)
+                    if idem is not None:
+                        keys.append(idem)
+                    out.append((written, True))
+                # One statement per table for the whole batch (executemany).
+                if jobs:
+                    conn.execute(INSERT_JOB, jobs)
+                    conn.execute(INSERT_EVENT, events)
+                if keys:
+                    conn.execute(INSERT_IDEM, keys)
         except sa.exc.IntegrityError:
             return [self._create_one(job, key) for job, key in items]
         return out
@@ -222,45 +243,51 @@ class JobStore(Database):
             raise ConflictError("idempotency key already used for a different job spec")
         return self._full_job(conn, row.job_id)
 
-    def _insert_job(self, conn: Connection, job: Job, spec_json: dict[str, Any], fingerprint: str,
-                    key: str | None) -> Job | None:
-        """Insert the job, its first event and its idempotency key. Returns the job as stored (with its
-        event) when that is plainly the job given, else None (the caller reads it back)."""
+    def _job_rows(self, job: Job, spec_json: dict[str, Any], fingerprint: str,
+                  key: str | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None, Job]:
+        """A new job's row, its first event's, its idempotency key's (or None), and the job as stored."""
         deadline = job.deadline or job.spec.deadline_at(job.created_at)
         decision = json.loads(json.dumps(job.decision, default=str)) if job.decision else {}
-        conn.execute(
-            INSERT_JOB,
-            {
-                "id": job.id,
-                "tenant": job.tenant,
-                "state": job.state.value,
-                "reason": job.reason,
-                "spec": spec_json,
-                "fingerprint": fingerprint,
-                "placement": job.placement.model_dump(mode="json") if job.placement else None,
-                "decision": decision,
-                "gpus": job.spec.gpus,
-                "created_at": job.created_at,
-                "updated_at": job.updated_at,
-                "deadline": deadline,
-                "attempts": job.attempts,
-                "preemptions": job.preemptions,
-                "spent_usd": job.spent_usd,
-            },
-        )
+        row = {
+            "id": job.id,
+            "tenant": job.tenant,
+            "state": job.state.value,
+            "reason": job.reason,
+            "spec": spec_json,
+            "fingerprint": fingerprint,
+            "placement": job.placement.model_dump(mode="json") if job.placement else None,
+            "decision": decision,
+            "gpus": job.spec.gpus,
+            "created_at": job.created_at,
+            "updated_at": job.updated_at,
+            "deadline": deadline,
+            "attempts": job.attempts,
+            "preemptions": job.preemptions,
+            "spent_usd": job.spent_usd,
+        }
         reason = job.reason or "submitted"
-        self._insert_event(conn, job.id, None, job.state, reason, None, job.created_at)
+        event = {"job_id": job.id, "at": job.created_at, "from_state": None, "to_state": job.state.value,
+                 "reason": reason, "data": {}}
+        idem = None
         if key:
-            conn.execute(
-                INSERT_IDEM,
-                {"tenant": job.tenant, "key": key, "fingerprint": fingerprint, "job_id": job.id,
-                 "created_at": utcnow()},
-            )
-        if job.placement is not None or job.decision or job.events:
-            return None
-        event = JobEvent(job_id=job.id, at=job.created_at, from_state=None, to_state=job.state, reason=reason)
-        return job.model_copy(update={"deadline": deadline, "events": [event],
-                                      "created_at": as_utc(job.created_at), "updated_at": as_utc(job.updated_at)})
+            idem = {"tenant": job.tenant, "key": key, "fingerprint": fingerprint, "job_id": job.id,
+                    "created_at": utcnow()}
+        stored = job.model_copy(update={
+            "deadline": deadline, "decision": decision, "created_at": as_utc(job.created_at),
+            "updated_at": as_utc(job.updated_at),
+            "events": [JobEvent(job_id=job.id, at=job.created_at, to_state=job.state, reason=reason)],
+        })
+        return row, event, idem, stored
+
+    def _insert_job(self, conn: Connection, job: Job, spec_json: dict[str, Any], fingerprint: str,
+                    key: str | None) -> Job:
+        """Insert the job, its first event and its idempotency key; returns the job as stored."""
+        row, event, idem, stored = self._job_rows(job, spec_json, fingerprint, key)
+        conn.execute(INSERT_JOB, row)
+        conn.execute(INSERT_EVENT, event)
+        if idem is not None:
+            conn.execute(INSERT_IDEM, idem)
+        return stored
 
     def get_job(self, job_id: str, tenant: str | None = None) -> Job:
         """The job with its events; NotFoundError when absent or another tenant's."""

@@ -218,9 +218,7 @@ class JobLifecycle:
 
     async def start_attempt(self, job_id: str) -> int:
         """Count one more launch attempt and persist it (before its intent and the provider call)."""
-        fresh = await asyncio.to_thread(self.store.get_job, job_id)
-        attempt = fresh.attempts + 1
-        await asyncio.to_thread(self.store.update_job, job_id, attempts=attempt)
+        attempt: int = await asyncio.to_thread(self.store.next_attempt, job_id)
         return attempt
 
     async def launched(self, job_id: str, option: QuoteOption, alloc_id: str, resource_ids: list[str],

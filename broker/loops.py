@@ -125,7 +125,7 @@ class BrokerLoops:
                 if claimed is None:
                     return
                 try:
-                    res = await self.router.place(claimed, unhealthy)
+                    res = await self.router.place(claimed, unhealthy, now=now)
                 except Exception as exc:  # never leave a claimed job stuck in placing
                     log.exception("placing %s", job.id)
                     res = await self.router.back_to_pending(claimed, f"placement error: {exc!r}"[:300], [], {})

@@ -129,6 +129,7 @@ class Router:
         self._taken: set[str] = set()  # single-unit offers launched on since the last refresh
         self._taken_at: datetime | None = None
         self._held: tuple[float, set[str]] | None = None  # (monotonic time read, offer ids)
+        self._quotes: tuple[object, datetime | None, dict[tuple[str, int], Quote]] = (None, None, {})
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -157,7 +158,15 @@ class Router:
         # Taken machines stay in the book until the next refresh: rank past them, or a busy market
         # would show "nothing launchable" long before it runs out.
         held_here = sum(1 for i in held if (o := self.market.find(i)) is not None and single_unit(o))
-        q = rank_quote(book, job.spec, now=now, top=TOP_OPTIONS + len(self._taken) + held_here, max_rejected=20)
+        top = TOP_OPTIONS + len(self._taken) + held_here
+        # Same book, same moment, same spec, same depth: the same quote. A pass ranks each spec once, not
+        # once per job (what is launchable now is filtered below, each time).
+        if self._quotes[0] is not book or self._quotes[1] != now:
+            self._quotes = (book, now, {})
+        key = (job.spec.model_dump_json(), top)
+        q = self._quotes[2].get(key)
+        if q is None:
+            q = self._quotes[2][key] = rank_quote(book, job.spec, now=now, top=top, max_rejected=20)
         options = [o for o in q.options if self._launchable(o, self.market.find(o.offer_id), held)]
         return q, options[:TOP_OPTIONS]
 
@@ -171,7 +180,7 @@ class Router:
         """
         now = time.monotonic()
         if self._held is None or now - self._held[0] > HELD_TTL_S:
-            self._held = (now, {a.offer_id for a in await self._db(self.store.live_allocations)})
+            self._held = (now, await self._db(self.store.held_offer_ids))
         return self._held[1]
 
     async def _launching_elsewhere(self) -> set[str]:
@@ -221,12 +230,14 @@ class Router:
         )
 
     # ------------------------------------------------------------------ placing
-    async def place(self, job: Job, unhealthy: dict[tuple[str, str], str] | None = None) -> PlacementResult:
+    async def place(self, job: Job, unhealthy: dict[tuple[str, str], str] | None = None, *,
+                    now: datetime | None = None) -> PlacementResult:
         """Place a job the caller has claimed (state placing). Leaves it provisioning or pending.
 
         ``unhealthy``: the node-health map the caller's pass already read (read here when absent).
+        ``now``: the moment the caller's pass ranks for (its quotes are shared by the jobs of the pass).
         """
-        now = self.clock()
+        now = now or self.clock()
         if unhealthy is None:
             unhealthy = await self._db(self.store.unhealthy_nodes)
         held = await self.held_offers()

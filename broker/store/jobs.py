@@ -41,6 +41,15 @@ IDEM = table_of(IdempotencyKeyRow)
 INSERT_JOB = JOBS.insert()
 INSERT_EVENT = EVENTS.insert()
 INSERT_IDEM = IDEM.insert()
+INSERT_ALLOC = ALLOCS.insert()
+SELECT_JOB = sa.select(JOBS).where(JOBS.c.id == sa.bindparam("job_key"))
+SELECT_JOB_LOCKED = SELECT_JOB.with_for_update()
+SELECT_EVENTS = sa.select(EVENTS).where(EVENTS.c.job_id == sa.bindparam("job_key")).order_by(EVENTS.c.id)
+SELECT_ALLOC = sa.select(ALLOCS).where(ALLOCS.c.id == sa.bindparam("alloc_key"))
+# UPDATEs whose SET clause comes from the parameters' keys (compiled once per set of keys).
+UPDATE_JOB = JOBS.update().where(JOBS.c.id == sa.bindparam("job_key"))
+UPDATE_ALLOC = ALLOCS.update().where(ALLOCS.c.id == sa.bindparam("alloc_key"))
+UPDATE_ALLOC_IF = UPDATE_ALLOC.where(ALLOCS.c.state.in_(sa.bindparam("alloc_states", expanding=True)))
 
 # Job fields that transition()/update_job() may set besides the state.
 JOB_FIELDS: frozenset[str] = frozenset(
@@ -110,7 +119,7 @@ class JobStore(Database):
         return out
 
     def _events_in(self, conn: Connection, job_id: str) -> list[JobEvent]:
-        rows = conn.execute(sa.select(EVENTS).where(EVENTS.c.job_id == job_id).order_by(EVENTS.c.id))
+        rows = conn.execute(SELECT_EVENTS, {"job_key": job_id})
         return [JobEvent.model_validate(r, from_attributes=True) for r in rows]
 
     def _insert_event(
@@ -136,10 +145,8 @@ class JobStore(Database):
         )
 
     def _job_row(self, conn: Connection, job_id: str, lock: bool = False) -> Row[Any]:
-        q = sa.select(JOBS).where(JOBS.c.id == job_id)
-        if lock and not self.is_sqlite:
-            q = q.with_for_update()
-        row = conn.execute(q).first()
+        q = SELECT_JOB_LOCKED if lock and not self.is_sqlite else SELECT_JOB
+        row = conn.execute(q, {"job_key": job_id}).first()
         if row is None:
             raise NotFoundError(f"job {job_id} not found")
         return row
@@ -364,7 +371,7 @@ class JobStore(Database):
                 raise ConflictError(f"job {job_id}: {current.value} → {to_state.value} is not allowed")
             now = utcnow()
             values.update(state=to_state.value, reason=reason, updated_at=now)
-            conn.execute(JOBS.update().where(JOBS.c.id == job_id).values(**values))
+            conn.execute(UPDATE_JOB, {"job_key": job_id, **values})
             self._insert_event(conn, job_id, current, to_state, reason, data, now)
             return self._full_job(conn, job_id)
 
@@ -374,8 +381,16 @@ class JobStore(Database):
         with self._tx() as conn:
             self._job_row(conn, job_id, lock=True)
             values["updated_at"] = utcnow()
-            conn.execute(JOBS.update().where(JOBS.c.id == job_id).values(**values))
+            conn.execute(UPDATE_JOB, {"job_key": job_id, **values})
             return self._full_job(conn, job_id)
+
+    def next_attempt(self, job_id: str) -> int:
+        """Count one more launch attempt of the job, in one short write; returns the new count."""
+        with self._tx() as conn:
+            row = self._job_row(conn, job_id, lock=True)
+            attempt = int(row.attempts) + 1
+            conn.execute(UPDATE_JOB, {"job_key": job_id, "attempts": attempt, "updated_at": utcnow()})
+            return attempt
 
     def events(self, job_id: str) -> list[JobEvent]:
         with self._tx(write=False) as conn:
@@ -431,7 +446,7 @@ class JobStore(Database):
         try:
             with self._tx() as conn:
                 self._job_row(conn, alloc.job_id)
-                conn.execute(ALLOCS.insert().values(**values))
+                conn.execute(INSERT_ALLOC, values)
                 return _alloc(self._alloc_row(conn, alloc.id))
         except sa.exc.IntegrityError as exc:
             raise ConflictError(
@@ -439,7 +454,7 @@ class JobStore(Database):
             ) from exc
 
     def _alloc_row(self, conn: Connection, alloc_id: str) -> Row[Any]:
-        row = conn.execute(sa.select(ALLOCS).where(ALLOCS.c.id == alloc_id)).first()
+        row = conn.execute(SELECT_ALLOC, {"alloc_key": alloc_id}).first()
         if row is None:
             raise NotFoundError(f"allocation {alloc_id} not found")
         return row
@@ -460,14 +475,14 @@ class JobStore(Database):
         if "resource_ids" in values:
             values["resource_ids"] = [str(r) for r in values["resource_ids"] or []]
         values["updated_at"] = utcnow()
-        q = ALLOCS.update().where(ALLOCS.c.id == alloc_id)
         states = sorted({AllocationState(s).value for s in expected or ()})
+        q, params = UPDATE_ALLOC, {"alloc_key": alloc_id, **values}
         if expected is not None:
-            q = q.where(ALLOCS.c.state.in_(states))
+            q, params["alloc_states"] = UPDATE_ALLOC_IF, states
         try:
             with self._tx() as conn:
                 self._alloc_row(conn, alloc_id)
-                if not conn.execute(q.values(**values)).rowcount:
+                if not conn.execute(q, params).rowcount:
                     now = self._alloc_row(conn, alloc_id).state  # after the UPDATE: what it lost to
                     raise ConflictError(f"allocation {alloc_id} is {now}, not {' or '.join(states)}: changed meanwhile")
                 return _alloc(self._alloc_row(conn, alloc_id))
@@ -486,6 +501,12 @@ class JobStore(Database):
             q = q.where(ALLOCS.c.state.in_([AllocationState(s).value for s in states]))
         with self._tx(write=False) as conn:
             return [_alloc(r) for r in conn.execute(q.order_by(ALLOCS.c.created_at, ALLOCS.c.id))]
+
+    def held_offer_ids(self) -> set[str]:
+        """Offers that live allocations (intent, pending, running or unknown) are on: ids only, no models."""
+        q = sa.select(ALLOCS.c.offer_id).where(ALLOCS.c.state.in_([s.value for s in LIVE_STATES])).distinct()
+        with self._tx(write=False) as conn:
+            return {r[0] for r in conn.execute(q)}
 
     def live_allocations(self) -> list[Allocation]:
         """Allocations that may still hold provider resources: intent, pending, running or unknown."""

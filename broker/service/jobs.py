@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 
 from broker.errors import ProviderError
-from broker.lifecycle import JobLifecycle
 from broker.models import TERMINAL_STATES, Allocation, AllocationState, Job, JobSpec, JobState
 from broker.service.runtime import Runtime, new_job_id
 
@@ -57,6 +56,8 @@ class JobsService(Runtime):
         job = await self.get_job(job_id, tenant)
         if job.state in TERMINAL_STATES:
             return job
+        from broker.lifecycle import JobLifecycle
+
         job = await JobLifecycle(self.store).cancel(job_id, reason)
         for alloc in await self.db(self.store.allocations, job_id):
             if alloc.state in (AllocationState.released, AllocationState.failed, AllocationState.succeeded):

@@ -86,7 +86,7 @@ BILLING_STATES: tuple[str, ...] = (AllocationState.pending.value, AllocationStat
 ID_CHUNK = 500  # ids per IN (...) list: under SQLite's and PostgreSQL's bind parameter limits
 
 
-def _job(row: Row[Any], events: list[JobEvent] | None = None) -> Job:
+def _job(row: Row[Any] | dict[str, Any], events: list[JobEvent] | None = None) -> Job:
     job = Job.model_validate(row, from_attributes=True)
     if events:
         job.events = events
@@ -131,7 +131,9 @@ class JobStore(Database):
         reason: str,
         data: dict[str, Any] | None,
         at: datetime,
-    ) -> None:
+    ) -> JobEvent:
+        """Write one event; returns it as stored."""
+        stored = json.loads(json.dumps(data, default=str)) if data else {}
         conn.execute(
             INSERT_EVENT,  # one statement, compiled once: its parameters vary, not its text
             {
@@ -140,9 +142,11 @@ class JobStore(Database):
                 "from_state": from_state.value if from_state else None,
                 "to_state": to_state.value,
                 "reason": reason,
-                "data": json.loads(json.dumps(data, default=str)) if data else {},
+                "data": stored,
             },
         )
+        return JobEvent(job_id=job_id, at=as_utc(at), from_state=from_state, to_state=to_state, reason=reason,
+                        data=stored)
 
     def _job_row(self, conn: Connection, job_id: str, lock: bool = False) -> Row[Any]:
         q = SELECT_JOB_LOCKED if lock and not self.is_sqlite else SELECT_JOB
@@ -371,9 +375,12 @@ class JobStore(Database):
                 raise ConflictError(f"job {job_id}: {current.value} → {to_state.value} is not allowed")
             now = utcnow()
             values.update(state=to_state.value, reason=reason, updated_at=now)
+            events = self._events_in(conn, job_id)
             conn.execute(UPDATE_JOB, {"job_key": job_id, **values})
-            self._insert_event(conn, job_id, current, to_state, reason, data, now)
-            return self._full_job(conn, job_id)
+            event = self._insert_event(conn, job_id, current, to_state, reason, data, now)
+            # The job as now stored: the row read under the lock with these values on top (not read again).
+            after = {**row._mapping, **{k: as_utc(v) if isinstance(v, datetime) else v for k, v in values.items()}}
+            return _job(after, [*events, event])
 
     def update_job(self, job_id: str, **fields: Any) -> Job:
         """Set job fields without a state change (no event)."""
@@ -447,7 +454,9 @@ class JobStore(Database):
             with self._tx() as conn:
                 self._job_row(conn, alloc.job_id)
                 conn.execute(INSERT_ALLOC, values)
-                return _alloc(self._alloc_row(conn, alloc.id))
+            return alloc.model_copy(update={"state": AllocationState(values["state"]),  # as written
+                                            "created_at": as_utc(alloc.created_at),
+                                            "updated_at": as_utc(alloc.updated_at)})
         except sa.exc.IntegrityError as exc:
             raise ConflictError(
                 f"allocation {alloc.id}: the id exists or job {alloc.job_id} already holds a live allocation"

@@ -8,6 +8,8 @@ from broker.errors import ProviderError
 from broker.models import TERMINAL_STATES, Allocation, AllocationState, Job, JobSpec, JobState
 from broker.service.runtime import Runtime, new_job_id
 
+MAX_HINTS = 100_000  # job ids kept for the placement loop's quick passes (broker/loops.py)
+
 log = logging.getLogger(__name__)
 
 
@@ -29,6 +31,8 @@ class JobsService(Runtime):
                   updated_at=now)
         job, created = await self._submissions.write(job, idempotency_key)
         if created:
+            if len(self.submitted_ids) < MAX_HINTS:
+                self.submitted_ids.add(job.id)
             self.job_submitted.set()
         return job, created
 

@@ -96,6 +96,7 @@ class Runtime:
         self._store = store
         self.quote_observer: Callable[[float], None] | None = None  # metrics hook
         self.job_submitted = asyncio.Event()  # wakes the placement loop early
+        self.submitted_ids: set[str] = set()  # ...and tells it which jobs are new (BrokerLoops.hints)
         self._submissions = GroupCommit(self)
         self.placement_observer: Callable[[str, str], None] | None = None  # metrics hook: (provider, outcome)
         self._broker: BrokerLoops | None = None
@@ -180,7 +181,8 @@ class Runtime:
 
             self._broker = BrokerLoops(
                 self.settings, self.store, self.market, clock=self.clock, preemption_rates=self.preemption_rates,
-                on_placed=self.placement_observer, wake=self.job_submitted, burn_in=self.burn_in_results)
+                on_placed=self.placement_observer, wake=self.job_submitted, burn_in=self.burn_in_results,
+                hints=self.submitted_ids)
         return self._broker
 
     async def burn_in_results(self, job: Job, alloc: Allocation) -> list[Benchmark]:

@@ -24,6 +24,7 @@ from broker.models import (
     AllocationState,
     Job,
     JobEvent,
+    JobSpec,
     JobState,
     QuoteOption,
     as_utc,
@@ -91,6 +92,23 @@ def _job(row: Row[Any] | dict[str, Any], events: list[JobEvent] | None = None) -
     if events:
         job.events = events
     return job
+
+
+def _jobs_sharing_specs(rows: Iterable[Row[Any]]) -> list[Job]:
+    """Jobs from rows, each distinct spec (by its stored fingerprint) validated once: a sweep or a batch
+    of one spec reads as one spec parse, not one per job. Jobs of one spec then share the JobSpec object
+    (models are not changed in place here: a changed spec is a ``model_copy``)."""
+    specs: dict[str, JobSpec] = {}
+    out = []
+    for r in rows:
+        spec = specs.get(r.fingerprint)
+        if spec is None:
+            job = _job(r)
+            specs[r.fingerprint] = job.spec
+        else:
+            job = _job({**r._mapping, "spec": spec})
+        out.append(job)
+    return out
 
 
 def _alloc(row: Row[Any]) -> Allocation:
@@ -412,20 +430,23 @@ class JobStore(Database):
         q = sa.select(JOBS).where(JOBS.c.state.in_(values))
         if ids is None:
             with self._tx(write=False) as conn:
-                return [_job(r) for r in conn.execute(q.order_by(JOBS.c.created_at, JOBS.c.id))]
+                return _jobs_sharing_specs(conn.execute(q.order_by(JOBS.c.created_at, JOBS.c.id)))
         wanted = list(dict.fromkeys(ids))
         rows: list[Row[Any]] = []
         with self._tx(write=False) as conn:
             for i in range(0, len(wanted), ID_CHUNK):
                 rows.extend(conn.execute(q.where(JOBS.c.id.in_(wanted[i:i + ID_CHUNK]))))
         rows.sort(key=lambda r: (as_utc(r.created_at), r.id))
-        return [_job(r) for r in rows]
+        return _jobs_sharing_specs(rows)
 
-    def job_heads(self, state: JobState) -> list[tuple[str, datetime]]:
+    def job_heads(self, state: JobState, changed_since: datetime | None = None) -> list[tuple[str, datetime]]:
         """(id, updated_at) of the jobs in ``state``, oldest first: what a placement pass looks over
-        before it reads in full only the jobs it will try (no spec parsed, no model built)."""
-        q = (sa.select(JOBS.c.id, JOBS.c.updated_at).where(JOBS.c.state == JobState(state).value)
-             .order_by(JOBS.c.created_at, JOBS.c.id))
+        before it reads in full only the jobs it will try (no spec parsed, no model built). With
+        ``changed_since``: only those updated since then (new, requeued, or noted)."""
+        q = sa.select(JOBS.c.id, JOBS.c.updated_at).where(JOBS.c.state == JobState(state).value)
+        if changed_since is not None:
+            q = q.where(JOBS.c.updated_at >= changed_since)
+        q = q.order_by(JOBS.c.created_at, JOBS.c.id)
         with self._tx(write=False) as conn:
             return [(r[0], r[1]) for r in conn.execute(q)]
 

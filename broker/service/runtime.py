@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UNHEALTHY_CACHE_S = 1.0
+WRITERS_IN_FLIGHT = 4  # submission transactions at once on PostgreSQL (GroupCommit)
 
 
 def new_job_id() -> str:
@@ -49,13 +50,20 @@ class GroupCommit:
         self._runtime = runtime
         self._most = most
         self._waiting: list[tuple[Job, str | None, asyncio.Future[tuple[Job, bool]]]] = []
-        self._writer: asyncio.Task[None] | None = None
+        self._writers: set[asyncio.Task[None]] = set()
+
+    def _in_flight(self) -> int:
+        """Transactions of submissions written at once: one on SQLite (one writer at a time anyway), a few
+        on PostgreSQL (row locks; two batches that race on one idempotency key fall back to one by one)."""
+        return 1 if self._runtime.settings.db_url.startswith("sqlite") else WRITERS_IN_FLIGHT
 
     async def write(self, job: Job, idempotency_key: str | None) -> tuple[Job, bool]:
         fut: asyncio.Future[tuple[Job, bool]] = asyncio.get_running_loop().create_future()
         self._waiting.append((job, idempotency_key, fut))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._drain())
+        if len(self._writers) < self._in_flight():
+            task = asyncio.create_task(self._drain())
+            self._writers.add(task)
+            task.add_done_callback(self._writers.discard)
         return await asyncio.shield(fut)  # a caller that goes away does not cancel the others' write
 
     async def _drain(self) -> None:

@@ -49,7 +49,7 @@ from broker.simulate.traces import SpotTrace, load_pods, load_spot_trace, spot_t
 from policies.spot import _PLANS  # noqa: E402
 from providers.catalog.client import aws_on_demand_price, aws_spot_price  # noqa: E402
 
-POLICIES = ("ondemand", "greedy", "uniform-progress", "lockstep", "lockstep-today")
+POLICIES = ("ondemand", "greedy", "uniform-progress", "lockstep")
 JOB_HOURS, DEADLINES, CHANGEOVER_HOURS = 48.0, (52.0, 70.0), 0.2
 POOLS = (16, 32, 64)
 CLUSTER_SPOT = "spot/availability/1-node/aws-10-26-2022/us-west-2a_v100_8.json"
@@ -179,7 +179,7 @@ def chart(table: dict, cluster: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     families = sorted(f for f in table if not f.startswith("_"))
-    names = ["greedy", "uniform-progress", "lockstep", "lockstep-today"]
+    names = ["greedy", "uniform-progress", "lockstep"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5))
     width = 0.8 / len(names)
     for i, n in enumerate(names):

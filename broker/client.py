@@ -18,12 +18,28 @@ import httpx
 from pydantic import SecretStr, TypeAdapter
 
 from broker.errors import LockstepError, SpecError, error_from_api
-from broker.models import GpuSummary, Job, JobState, Offer, Quote
+from broker.models import (
+    GpuSummary,
+    Job,
+    JobState,
+    Offer,
+    PriceFilter,
+    PriceSeries,
+    Quote,
+    Tenant,
+    TenantCreate,
+    TenantPatch,
+    TokenCreate,
+    TokenInfo,
+)
 from policies.offers import OfferFilter
 
 ALL_REJECTED = 1_000_000  # the API's cap on spelled-out rejections: "all of them"
 _OFFERS = TypeAdapter(list[Offer])
 _GPUS = TypeAdapter(list[GpuSummary])
+_TOKENS = TypeAdapter(list[TokenInfo])
+_TENANTS = TypeAdapter(list[Tenant])
+_SERIES = TypeAdapter(list[PriceSeries])
 
 
 class RemoteError(LockstepError):
@@ -134,6 +150,36 @@ class RemoteBackend:
     async def cancel(self, job_id: str) -> Job:
         resp = await self._call("DELETE", f"/v1/jobs/{_segment(job_id)}")
         return Job.model_validate_json(resp.content)
+
+    # ------------------------------------------------------------------ tokens, tenants, prices (admin ones need
+    # an admin token; the server answers 403 otherwise)
+    async def create_token(self, body: TokenCreate) -> tuple[TokenInfo, str]:
+        data = (await self._call("POST", "/v1/tokens", json=body.model_dump(mode="json"))).json()
+        plaintext = str(data.pop("token"))
+        return TokenInfo.model_validate(data), plaintext
+
+    async def list_tokens(self, tenant: str | None) -> list[TokenInfo]:
+        params = {"tenant": tenant} if tenant else None
+        return _TOKENS.validate_json((await self._call("GET", "/v1/tokens", params=params)).content)
+
+    async def revoke_token(self, token_id: str) -> None:
+        await self._call("DELETE", f"/v1/tokens/{_segment(token_id)}")
+
+    async def create_tenant(self, body: TenantCreate) -> Tenant:
+        resp = await self._call("POST", "/v1/tenants", json=body.model_dump(mode="json", exclude_none=True))
+        return Tenant.model_validate_json(resp.content)
+
+    async def list_tenants(self) -> list[Tenant]:
+        return _TENANTS.validate_json((await self._call("GET", "/v1/tenants")).content)
+
+    async def update_tenant(self, name: str, patch: TenantPatch) -> Tenant:
+        resp = await self._call("PATCH", f"/v1/tenants/{_segment(name)}",
+                                json=patch.model_dump(mode="json", exclude_unset=True))
+        return Tenant.model_validate_json(resp.content)
+
+    async def price_series(self, f: PriceFilter) -> list[PriceSeries]:
+        params = {k: str(v) for k, v in f.model_dump(mode="json", exclude_none=True).items()}
+        return _SERIES.validate_json((await self._call("GET", "/v1/prices/series", params=params)).content)
 
     async def place(self, job_ids: list[str]) -> None:
         """Nothing to do: the server's loops place jobs as they arrive."""

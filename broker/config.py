@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from platformdirs import user_data_dir
@@ -127,6 +127,14 @@ class SlurmConfig(_Section):
     conf_path: str | None = None
     default_time_limit_min: int = 1440  # jobs whose workload gives no duration
     max_attempts: int = 4  # bounded retries on transient errors
+    # The run-time contract on Slurm (docs/slurm.md "At run time"): each attempt's wrapper, manifest, logs and
+    # statuses live in <job_dir>/<installation>/<job>/a<attempt>/, a directory the broker and every node share
+    # (one host: any local directory). The broker writes the manifest there (mode 0600) and reads logs back.
+    job_dir: str = "/tmp/lockstep-slurm"
+    # How a job's `image` runs: pyxis (srun --container-image), apptainer (apptainer exec docker://…) or none
+    # (commands run on the hosts; a job with an image is rejected at quote time).
+    container_runtime: Literal["none", "pyxis", "apptainer"] = "none"
+    python: str = "python3"  # the interpreter that runs the wrapper on the nodes (or in a pyxis container)
 
 
 class ReservedPool(_Section):
@@ -144,7 +152,8 @@ class ReservedPool(_Section):
 
 class AwsConfig(_Section):
     enabled: bool = False
-    regions: list[str] = Field(default_factory=lambda: ["us-east-1", "us-west-2"])
+    # The regions scanned, or "all": every region the account has enabled (DescribeRegions, opted-in only).
+    regions: list[str] | Literal["all"] = Field(default_factory=lambda: ["us-east-1", "us-west-2"])
     endpoint_url: str | None = None  # moto in tests, VPC endpoints in production
     profile: str | None = None
     region_timeout_s: float = 20.0
@@ -153,7 +162,15 @@ class AwsConfig(_Section):
     subnet_ids: dict[str, str] = Field(default_factory=dict)  # zone → subnet
     security_group_ids: list[str] = Field(default_factory=list)
     key_name: str | None = None
-    use_pricing_api: bool = False
+    # On-demand prices from the AWS Price List API (GetProducts), cached for pricing_refresh_s; off, or when it
+    # cannot be reached, they come from the bundled snapshot and those offers say so (source: snapshot).
+    # None (the default): on, unless endpoint_url points EC2 at something else (moto has no Price List API).
+    use_pricing_api: bool | None = None
+    pricing_region: str = "us-east-1"  # the Price List API answers in us-east-1, eu-central-1 and ap-south-1
+    pricing_endpoint_url: str | None = None  # a proxy or a test double; default: AWS's own endpoint
+    pricing_refresh_s: float = Field(default=21_600.0, gt=0)  # list prices change rarely: every 6 h
+    pricing_retry_s: float = Field(default=300.0, gt=0)  # after a failed fetch, the snapshot until then
+    pricing_concurrency: int = Field(default=4, ge=1)  # regions fetched at once (GetProducts is throttled)
     capacity_reservations: bool = True
     reserved_pools: list[ReservedPool] = Field(default_factory=list)
     egress_usd_per_gb: float = 0.09
@@ -168,6 +185,34 @@ class AwsConfig(_Section):
     s3_endpoint_url: str | None = None  # S3's endpoint (moto in tests, a gateway endpoint); default: AWS's own
     # Lifetime of the presigned GETs an instance boots with (wrapper, manifest, peer list, data input).
     runtime_url_ttl_s: float = Field(default=3600.0, gt=0, le=604_800)
+
+    @field_validator("regions", mode="before")
+    @classmethod
+    def _regions(cls, value: Any) -> Any:
+        # `regions: all`, LOCKSTEP_AWS__REGIONS=all or ["all"]: discover them.
+        if value == "all" or value == ["all"]:
+            return "all"
+        if isinstance(value, str):
+            raise ValueError('a list of region names, or "all"')
+        if isinstance(value, list) and not value:
+            raise ValueError('at least one region, or "all"')
+        return value
+
+    @property
+    def all_regions(self) -> bool:
+        """Regions come from DescribeRegions (``regions: all``)."""
+        return self.regions == "all"
+
+    @property
+    def home_region(self) -> str:
+        """Where account-wide calls go (DescribeRegions) and the bucket's default region."""
+        if self.runtime_region:
+            return self.runtime_region
+        return self.regions[0] if isinstance(self.regions, list) else "us-east-1"
+
+    @property
+    def pricing_enabled(self) -> bool:
+        return self.use_pricing_api if self.use_pricing_api is not None else self.endpoint_url is None
 
 
 class VastConfig(_Section):
@@ -217,6 +262,15 @@ class BrokerConfig(_Section):
     # (0: no limit); a job with its own deadline waits until that deadline instead.
     placement_rounds: int = Field(default=30, ge=0)
     placement_timeout_s: float = Field(default=86400.0, ge=0)
+    # The spot plan (docs/simulation.md): the time a (re)started job loses before it makes progress
+    # again (boot, setup, restore its checkpoint), and how often a running on-demand job is offered a
+    # move back to spot (0: never).
+    restart_minutes: float = Field(default=10.0, ge=0)
+    rebalance_interval_s: float = Field(default=60.0, ge=0)
+    # A job whose every feasible option is a snapshot price (the bundled catalog's rows, or a live market's offers
+    # priced from the snapshot): "warn" accepts it with a warning naming what to configure (docs/catalog.md);
+    # "refuse" refuses it (exit 3, HTTP 422) when no market that could run it is configured.
+    snapshot_only_jobs: Literal["warn", "refuse"] = "warn"
 
 
 class TrackerConfig(_Section):
@@ -280,6 +334,8 @@ class ApiConfig(_Section):
     # Requests with unknown or revoked tokens, per client address (each costs a database lookup): over it → 429
     bad_token_rate_per_s: float = Field(default=1.0, gt=0)
     bad_token_burst: int = Field(default=20, ge=1)
+    # GET /openapi.json and /docs without a token (the document holds no secrets); false: a user or admin token
+    public_docs: bool = True
 
 
 def credential_files(section: object) -> tuple[tuple[str, tuple[int, ...] | None], ...]:

@@ -136,7 +136,7 @@ class PlacementWait:
             if e.from_state is not JobState.placing or e.to_state is not JobState.pending:
                 continue
             tries = e.data.get("tries") or []
-            if tries:
+            if tries and not e.data.get("waits_for_spot"):
                 rounds += 1
                 summaries.add(e.reason)
             for text in [str(t.get("error", "")) for t in tries] if tries else [e.reason]:
@@ -235,9 +235,38 @@ class JobLifecycle:
 
     async def back_to_pending(self, job_id: str, reason: str, tries: Sequence[LaunchTry] = (),
                               decision: dict[str, Any] | None = None) -> Job:
-        """placing → pending: not placed this time (the failed tries and the decision are kept)."""
+        """placing → pending: not placed this time (the failed tries and the decision are kept).
+
+        A round whose decision was spot or nothing (``on_demand_fallback`` false: the spot plan chose to wait
+        for spot rather than pay for on-demand) is marked ``waits_for_spot``: its failed spot launches are the
+        waiting the plan chose, not failed rounds (the job's deadline bounds it, and the plan's safety net
+        turns to on-demand in time)."""
         fields: dict[str, Any] = {} if decision is None else {"decision": decision}
-        return await self._move(job_id, JobState.pending, reason, _tries(tries), {JobState.placing}, **fields)
+        data = _tries(tries)
+        if data and decision and decision.get("on_demand_fallback") is False:
+            data["waits_for_spot"] = True
+        return await self._move(job_id, JobState.pending, reason, data, {JobState.placing}, **fields)
+
+    async def rebalance_to_spot(self, job: Job, alloc: Allocation, decision: dict[str, Any]) -> Job | None:
+        """running → pending, break before make: the job's on-demand allocation is given back (recorded as
+        released), its cost added, and the job placed again — where the spot plan (``decision``, kept in the
+        event) expects spot. Not a preemption: nothing is counted. None when the release failed (the job keeps
+        running; the next rebalance tries again) or another writer moved the job first."""
+        now = self.clock()
+        if (await asyncio.to_thread(self.store.get_allocation, alloc.id)).state is not AllocationState.running:
+            return None  # another writer (a replica's rebalance, a poll) got to it first
+        spent = job.spent_usd + run_cost(alloc, alloc.attrs, now)
+        await self.release(alloc, "rebalanced: moving the job from on-demand to spot")
+        current = await asyncio.to_thread(self.store.get_allocation, alloc.id)
+        if current.state is not AllocationState.released:
+            return None
+        try:
+            return await self._move(job.id, JobState.pending,
+                                    "requeued to move from on-demand to spot; resumes from its last checkpoint",
+                                    {"allocation": alloc.id, "rebalance": decision}, {JobState.running},
+                                    spent_usd=spent)
+        except ConflictError:
+            return None
 
     async def placement_wait(self, job: Job) -> PlacementWait:
         """The job's current wait to be placed, read from its events."""

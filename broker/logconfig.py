@@ -34,6 +34,7 @@ TEXT_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 _secrets: set[str] = set()
 _lock = threading.Lock()
+_active = "text"  # the format configure() chose last
 
 
 def fields(**values: Any) -> dict[str, Any]:
@@ -126,8 +127,10 @@ def configure(fmt: str | None = None, level: str | int | None = None) -> None:
 
     ``fmt``: "text" or "json"; default ``LOCKSTEP_LOG_FORMAT`` or text. ``level``: the root level, if given.
     """
+    global _active
     chosen = (fmt or os.environ.get("LOCKSTEP_LOG_FORMAT") or "text").strip().lower()
     form = formatter(chosen)
+    _active = chosen
     root = logging.getLogger()
     if not root.handlers:
         root.addHandler(logging.StreamHandler(sys.stderr))
@@ -135,3 +138,8 @@ def configure(fmt: str | None = None, level: str | int | None = None) -> None:
         handler.setFormatter(form)
     if level is not None:
         root.setLevel(level)
+
+
+def active_format() -> str:
+    """"text" or "json": what :func:`configure` set (text before it runs)."""
+    return _active

@@ -1,5 +1,6 @@
 """The broker's background loops: refresh the offer book, place pending jobs, poll live allocations,
-reconcile. They decide *when* things happen; what a placement does is the router's (broker/router.py),
+reconcile, and offer running on-demand jobs a move back to spot (the spot plan's periodic decision).
+They decide *when* things happen; what a placement does is the router's (broker/router.py),
 what a job's state becomes is the lifecycle's (broker/lifecycle.py), and what a crash left is
 reconciliation's (broker/reconcile.py).
 
@@ -22,9 +23,10 @@ from broker.config import Settings
 from broker.errors import ProviderError
 from broker.lifecycle import BurnInResults, JobLifecycle, PlacementLimits, PlacementWait
 from broker.market import CircuitOpen, Marketplace
-from broker.models import Allocation, AllocationState, Job, JobSpec, JobState, utcnow
+from broker.models import Allocation, AllocationState, Job, JobSpec, JobState, Market, utcnow
 from broker.reconcile import ReconcileReport, reconcile
 from broker.router import PlacementResult, Router
+from policies.placement import rebalance
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -204,6 +206,52 @@ class BrokerLoops:
         results.append(PlacementResult(failed, False, failed.reason))
         return True
 
+    # ------------------------------------------------------------------ rebalancing
+    async def rebalance_running(self) -> list[Job]:
+        """The spot plan's periodic decision: each running on-demand job that tolerates preemption and has a
+        deadline is offered a move to spot (``policies.placement.rebalance``, the function the simulator's
+        ``lockstep`` calls at every tick for such a job). A move is break before make, through the lifecycle:
+        the on-demand allocation is released and the job requeued, and the next placement pass — woken at
+        once — decides again (``decide``, spot first). Returns the jobs moved."""
+        now = self.clock()
+        allocs = await asyncio.to_thread(self.store.live_allocations)
+        on_demand = [a for a in allocs if a.state is AllocationState.running
+                     and a.attrs.get("market") == Market.on_demand.value]
+        if not on_demand:
+            return []
+        unhealthy = await asyncio.to_thread(self.store.unhealthy_nodes)
+        held = await self.router.held_offers()
+        moved: list[Job] = []
+        for alloc in on_demand:
+            try:
+                requeued = await self._rebalance_one(alloc, now, unhealthy, held)
+            except Exception:  # one job's trouble (gone meanwhile, a store error) must not stop the others
+                log.exception("rebalancing the job of %s", alloc.id)
+                continue
+            if requeued is not None:
+                self._retry_at.pop(requeued.id, None)
+                moved.append(requeued)
+        if moved:
+            self.wake.set()
+        return moved
+
+    async def _rebalance_one(self, alloc: Allocation, now: datetime, unhealthy: dict[tuple[str, str], str],
+                             held: set[str]) -> Job | None:
+        job: Job = await asyncio.to_thread(self.store.get_job, alloc.job_id)
+        if job.state is not JobState.running or not job.spec.interruptible or self.router.deadline(job) is None:
+            return None
+        _, options = self.router.rank(job, now, unhealthy, held)
+        situation = await asyncio.to_thread(self.router.situation, job, options, now)
+        decision = rebalance(job.spec, options, **situation)
+        if not decision.allow_spot:
+            return None
+        log.info("job %s: %s", job.id, decision.reason)
+        return await self.lifecycle.rebalance_to_spot(job, alloc, decision.as_dict())
+
+    async def rebalance_periodic(self) -> None:
+        if self.settings.broker.rebalance_interval_s > 0:
+            await self.rebalance_running()
+
     # ------------------------------------------------------------------ polling
     async def poll_once(self) -> int:
         """Poll every live allocation and let the lifecycle move its job along. Returns how many were polled."""
@@ -284,6 +332,9 @@ class BrokerLoops:
             asyncio.create_task(self._loop("poll", b.poll_interval_s, self.poll_once)),
             asyncio.create_task(self._loop("reconcile", RECONCILE_EVERY_S, self.reconcile_periodic)),
         ]
+        if b.rebalance_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._loop("rebalance", b.rebalance_interval_s,
+                                                              self.rebalance_periodic)))
 
     async def stop(self) -> None:
         self._stop.set()

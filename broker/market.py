@@ -7,8 +7,10 @@ refresh swaps it in atomically), so placement never waits on a slow market.
 
 A refresh with a query filters every provider's answer with
 :func:`providers.base.matches`, here and nowhere else (providers may answer more
-than asked). Snapshot rows (``Offer.source``: the bundled catalog) give way to
-live offers of the same market.
+than asked). A snapshot provider's rows (the bundled catalog's) give way to the
+offers of a provider that answers for the same market; the offers a failing
+provider keeps are ``tracked`` (``Offer.source``) with their age. Only offers of a
+provider that launches, made by it, are launchable (:meth:`Marketplace.launchable`).
 
 Each provider has a circuit breaker (:class:`CircuitBreaker`) over its calls: offer refreshes here,
 launches (broker/router.py) and polls (broker/loops.py). After ``failures`` consecutive failed calls it
@@ -25,7 +27,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TypeVar
@@ -34,9 +36,10 @@ from pydantic import BaseModel, Field
 
 from broker.errors import BadRequestError, CapacityError, ProviderAuthError, ProviderError, QuotaError
 from broker.models import Offer, OfferSource, Perf, utcnow
+from policies.assembly import combine, is_assembled, member_ids
 from policies.book import OfferBook
 from providers.base import OfferQuery, Provider, matches
-from providers.capabilities import Launches, Snapshot
+from providers.capabilities import AssemblesNodes, Launches, Snapshot
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -238,6 +241,8 @@ class ProviderHealth(BaseModel):
     stale: bool = True
     age_s: float | None = None
     circuit: CircuitInfo = Field(default_factory=CircuitInfo)
+    notes: list[str] = Field(default_factory=list,
+                             description="what is degraded though it answered, e.g. prices from a snapshot, and why")
 
 
 class Marketplace:
@@ -274,6 +279,7 @@ class Marketplace:
         self._base_book: OfferBook | None = None  # columns and index, built once per refresh
         self._snapshot: list[Offer] | None = None  # merged offers of the last refresh
         self._by_id: dict[str, Offer] = {}
+        self._origin: dict[str, str] = {}  # offer id → the provider whose answer it came in
         self._book_key: object = None
         self._lock = asyncio.Lock()
         self.refreshed_at: datetime | None = None
@@ -314,6 +320,10 @@ class Marketplace:
         if query is not None:
             offers = [o for o in offers if matches(o, query)]
         self._offers[name] = offers
+        notes = provider.notes()
+        for note in set(notes) - set(health.notes):  # logged when they appear, not at every refresh
+            log.info("provider %s: %s", name, note)
+        health.notes = notes
         health.ok, health.last_error, health.latency_s = True, "", elapsed
         health.last_ok, health.offers = self.clock(), len(offers)
         if self.on_refresh:
@@ -364,27 +374,47 @@ class Marketplace:
         return list(self._snapshot)
 
     def live_markets(self) -> set[str]:
-        """Markets (``Offer.provider``) with live offers from a provider whose last refresh succeeded."""
+        """Markets (``Offer.provider``) a provider of their own answered for in its last refresh (whatever the
+        source of a price in its answer): a snapshot's rows of these markets give way."""
         return {
             o.provider
             for name, offers in self._offers.items()
-            if self._health[name].ok
+            if self._health[name].ok and not isinstance(self.providers[name], Snapshot)
             for o in offers
-            if o.source is OfferSource.live
         }
 
     def _merge(self) -> list[Offer]:
         live = self.live_markets()
         out: list[Offer] = []
+        origin: dict[str, str] = {}
         for name, offers in self._offers.items():
             stale = not self._health[name].ok
+            snapshot = isinstance(self.providers[name], Snapshot)
             for o in offers:
-                if o.source is OfferSource.snapshot and o.provider in live:
+                if snapshot and o.provider in live:
                     continue
                 if self.measured:
                     o = self._with_measured(o)
-                out.append(o.model_copy(update={"stale": True}) if stale and not o.stale else o)
+                if stale and not o.stale:  # its provider did not answer: the last answer, tracked
+                    update: dict[str, object] = {"stale": True}
+                    if o.source is OfferSource.live:
+                        update["source"] = OfferSource.tracked
+                    o = o.model_copy(update=update)
+                origin[o.id] = name
+                out.append(o)
+        self._origin = origin
         return out
+
+    def launchable(self, offer: Offer) -> bool:
+        """Can ``offer`` be launched: it came from a provider that launches, under its own name (a snapshot's
+        row of that market cannot, whatever its source)."""
+        self.offers()
+        if is_assembled(offer.id):  # several machines of one provider that can rent them together
+            members = member_ids(offer.id)
+            return isinstance(self.providers.get(offer.provider), AssemblesNodes) and all(
+                self._origin.get(m) == offer.provider for m in members) and self.launcher(offer.provider) is not None
+        name = self._origin.get(offer.id)
+        return name == offer.provider and self.launcher(name) is not None
 
     def book(
         self,
@@ -397,15 +427,21 @@ class Marketplace:
         key = (self.refreshed_at, tuple(sorted((unhealthy_hosts or {}).items())),
                tuple(sorted((preemption_rates or {}).items())))
         if self._base_book is None:
-            self._base_book = OfferBook.build(self.offers())
+            # Whose single machines the ranking may assemble into multi-node options: by capability.
+            self._base_book = replace(OfferBook.build(self.offers()), assemblers=frozenset(
+                name for name, p in self.providers.items() if isinstance(p, AssemblesNodes)))
         if self._book is None or key != self._book_key:
             self._book = self._base_book.with_health(unhealthy_hosts, preemption_rates)
             self._book_key = key
         return self._book
 
     def find(self, offer_id: str) -> Offer | None:
-        """The current snapshot's offer by id."""
+        """The current snapshot's offer by id; an assembled offer (policies/assembly.py) is made again from its
+        machines, or None when one of them has left the market."""
         self.offers()
+        if is_assembled(offer_id):
+            members = [self._by_id.get(i) for i in member_ids(offer_id)]
+            return combine([m for m in members if m is not None]) if all(members) and len(members) > 1 else None
         return self._by_id.get(offer_id)
 
     async def aclose(self) -> None:

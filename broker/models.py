@@ -8,12 +8,14 @@ silently ignored setting.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Annotated, Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -22,6 +24,8 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict,
+    ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -138,8 +142,8 @@ ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
         {JobState.running, JobState.failed, JobState.cancelled, JobState.preempted, JobState.pending,
          JobState.succeeded}
     ),
-    JobState.running: frozenset(
-        {JobState.succeeded, JobState.failed, JobState.cancelled, JobState.preempted}
+    JobState.running: frozenset(  # → pending: moved off on-demand to be placed on spot (a rebalance)
+        {JobState.succeeded, JobState.failed, JobState.cancelled, JobState.preempted, JobState.pending}
     ),
     JobState.preempted: frozenset({JobState.pending, JobState.failed, JobState.cancelled}),
     JobState.succeeded: frozenset(),
@@ -196,10 +200,40 @@ class Perf(BaseModel):
 
 
 class OfferSource(StrEnum):
-    """Where an offer's figures come from: the market now, or a dated snapshot of it (the catalog)."""
+    """Where an offer's figures (its price above all) come from, and so what ``observed_at`` means."""
 
-    live = "live"
-    snapshot = "snapshot"  # read-only; ``observed_at`` is the snapshot's date
+    live = "live"  # the market's latest answer; ``observed_at``: when it answered
+    tracked = "tracked"  # an earlier live answer kept while the market fails to answer; ``observed_at``: its time
+    snapshot = "snapshot"  # a dated snapshot (the bundled catalog); ``observed_at``: the snapshot's date
+
+
+def _age(seconds: float) -> str:
+    s = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+@functools.lru_cache(maxsize=256)
+def _snapshot_label(observed_ts: float) -> str:
+    return f"snapshot {datetime.fromtimestamp(observed_ts, UTC):%Y-%m-%d}"
+
+
+def source_label_at(source: OfferSource, observed_ts: float, age_s: float) -> str:
+    """:func:`source_label` from a POSIX time and an age in seconds (what the offer book holds)."""
+    if source is OfferSource.snapshot:
+        return _snapshot_label(observed_ts)
+    if source is OfferSource.live and age_s < 60:
+        return "live"
+    return f"{source.value} {_age(age_s)}"
+
+
+def source_label(source: OfferSource, observed_at: datetime, now: datetime) -> str:
+    """How tables show where a price comes from: 'live', 'live 3h' (older than a minute), 'tracked 5m',
+    'snapshot 2026-11-29'."""
+    ts = observed_at.timestamp()
+    return source_label_at(source, ts, now.timestamp() - ts)
 
 
 class Offer(BaseModel):
@@ -318,10 +352,41 @@ SecretName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
 FilePath = Annotated[str, Field(max_length=512), AfterValidator(_clean_text), AfterValidator(_file_path)]
 
 
+# JSON true/false only: 0, 1 or "yes" for a flag is a mistake the schema says is one (YAML's yes/no are
+# already booleans when the file is read).
+SpecBool = Annotated[bool, Strict()]
+
+
+def _kinds(tp: Any) -> set[Any]:
+    """The plain types an annotation admits (Annotated and unions unwrapped; containers as their origin)."""
+    if tp is None or tp is type(None):
+        return {type(None)}
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _kinds(get_args(tp)[0])
+    if origin is Union or origin is UnionType:
+        return set().union(*(_kinds(a) for a in get_args(tp)))
+    return {origin or tp}
+
+
 class SpecModel(BaseModel):
-    """Base of the models users write: unknown fields are errors, numbers are finite, text is clean."""
+    """Base of the models users write: unknown fields are errors, numbers are finite, text is clean,
+    ``true``/``false`` where the schema says number is an error, not 1 or 0, and so is a number where it
+    says date-time (not seconds since 1970). A numeric string still reads as its number: YAML 1.1 reads
+    ``1e3`` as a string."""
 
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool | int | float) and info.field_name is not None:
+            kinds = _kinds(cls.model_fields[info.field_name].annotation) - {type(None)}
+            if isinstance(value, bool) and kinds and kinds <= {int, float}:
+                raise ValueError(f"a number, not {json.dumps(value)}")
+            if kinds == {datetime}:  # not seconds since 1970: a date and time, as the schema says
+                raise ValueError(f"a datetime in ISO 8601 (2026-01-31T18:00:00Z), not {json.dumps(value)}")
+        return value
 
 
 class DataSpec(SpecModel):
@@ -412,7 +477,10 @@ class JobSpec(SpecModel):
     """What a user submits (YAML or JSON)."""
 
     name: str
-    gpu: list[str] = Field(
+    # What a request may say (a list, one name, "H100:8", null); a stored spec always holds the list.
+    gpu: Annotated[list[str], WithJsonSchema({"anyOf": [
+        {"type": "array", "items": {"type": "string"}, "maxItems": 64}, {"type": "string"}, {"type": "null"}]},
+        mode="validation")] = Field(
         default_factory=list, max_length=64,
         description="accepted GPU models or families, e.g. [H100, H200]; 'H100:8' also sets gpus; "
         "omitted, [] or 'any': any model that meets the other constraints",
@@ -433,11 +501,11 @@ class JobSpec(SpecModel):
     deadline: datetime | None = None
     deadline_in: str | None = Field(default=None, max_length=64,
                                     description="deadline relative to submission, e.g. 48h")
-    interruptible: bool = Field(default=False, description="tolerates preemption (checkpoints and resumes)")
+    interruptible: SpecBool = Field(default=False, description="tolerates preemption (checkpoints and resumes)")
     checkpoint_minutes: float = Field(default=30.0, gt=0, le=1e6)
     min_reliability: float = Field(default=0.0, ge=0, le=1)
-    onprem_only: bool = False
-    cloud_ok: bool = True
+    onprem_only: SpecBool = False
+    cloud_ok: SpecBool = True
     runtime: Runtime | None = Field(
         default=None, description="GPU software stack the image needs: cuda (NVIDIA), rocm (AMD) or any; "
         "default: read from the image name, or from the GPU models when no image is given",
@@ -468,7 +536,7 @@ class JobSpec(SpecModel):
                            description="the port of the multi-node rendezvous (LOCKSTEP_RDZV_PORT)")
     disk_gb: float = Field(default=100.0, ge=0, le=1e7)
     labels: dict[Text64, Text256] = Field(default_factory=dict, max_length=64)
-    burn_in: bool = Field(
+    burn_in: SpecBool = Field(
         default=False,
         description="on Slurm, run the node probe before the command; an unhealthy node is drained and the job "
         "placed elsewhere",
@@ -679,6 +747,10 @@ class QuoteOption(BaseModel):
     interruptible: bool = False
     stale: bool = False
     perf_source: str = "datasheet"
+    source: OfferSource = Field(default=OfferSource.live, description="where the offer's price comes from")
+    observed_at: datetime | None = Field(default=None, description="when the price was observed (a snapshot's date)")
+    age_s: float | None = Field(default=None, description="seconds from observed_at to the quote")
+    source_label: str = Field(default="", description="'live', 'tracked 5m', 'snapshot 2026-11-29'")
     breakdown: CostBreakdown | None = None
 
 
@@ -700,6 +772,9 @@ class Quote(BaseModel):
     notes: list[str] = Field(default_factory=list,
                              description="what the job asks for that no market offers, e.g. 'no market offers B300'")
     offers_considered: int = 0
+    feasible_sources: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="feasible offers per market and price source, e.g. "
+        '{"aws": {"live": 12, "snapshot": 3}}: a job whose options are all snapshot rows cannot run yet')
     at: datetime = Field(default_factory=utcnow)
 
 
@@ -936,8 +1011,11 @@ class Tenant(BaseModel):
 
 
 class Role(StrEnum):
-    user = "user"
-    admin = "admin"
+    """What a bearer token may do (the API's table of routes and roles: docs/api.md)."""
+
+    user = "user"  # its tenant's jobs; quotes, offers, prices, providers
+    admin = "admin"  # everything
+    metrics = "metrics"  # GET /metrics only: what a Prometheus scraper holds
 
 
 class TokenInfo(BaseModel):

@@ -46,17 +46,19 @@ from broker.models import (
     AllocationState,
     Job,
     JobState,
+    Market,
     Offer,
-    OfferSource,
     Quote,
     QuoteOption,
     Tenant,
     utcnow,
 )
 from broker.secrets import SecretSources
+from broker.spot_markets import SpotMarkets
 from broker.store import LIVE_STATES
+from policies.assembly import is_assembled, member_ids
 from policies.book import DEFAULT_SPOT_PREEMPTIONS_PER_HOUR
-from policies.placement import Decision, candidates, decide
+from policies.placement import DECISION_INTERVAL_HOURS, Decision, Situation, candidates, decide, progress_hours
 from policies.ranking import quote as rank_quote
 from providers.base import LaunchRequest
 from providers.capabilities import Launches, RunsBurnIn
@@ -83,6 +85,14 @@ def month_start(now: datetime) -> datetime:
 def single_unit(offer: Offer) -> bool:
     """An offer only one job can hold at a time (a Vast machine), unlike a cloud instance type."""
     return offer.max_nodes == 1 and not offer.divisible
+
+
+def unit_ids(offer: Offer) -> list[str]:
+    """The single machines a launch on ``offer`` takes: an assembly's members, a single-unit offer itself,
+    nothing for capacity many jobs can draw on."""
+    if is_assembled(offer.id):
+        return member_ids(offer.id)
+    return [offer.id] if single_unit(offer) else []
 
 
 @dataclass(frozen=True)
@@ -130,7 +140,10 @@ class Router:
         self._taken: set[str] = set()  # single-unit offers launched on since the last refresh
         self._taken_at: datetime | None = None
         self._held: tuple[float, set[str]] | None = None  # (monotonic time read, offer ids)
-        self._quotes: tuple[object, datetime | None, dict[tuple[str, int], Quote]] = (None, None, {})
+        self.spot_markets = SpotMarkets(store)
+        # Quotes of this pass: (book, moment, held offers, {(spec, depth, taken): quote}).
+        self._quotes: tuple[object, datetime | None, object, dict[tuple[str, int, frozenset[str]], Quote]] = (
+            None, None, None, {})
         self._tenants: dict[str, tuple[float, Tenant | None]] = {}  # (monotonic time read, caps)
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -138,12 +151,10 @@ class Router:
 
     # ------------------------------------------------------------------ ranking
     def _launchable(self, o: QuoteOption, offer: Offer | None, held: Collection[str] = ()) -> bool:
-        provider = self.market.providers.get(o.provider)
         return (
             offer is not None
-            and isinstance(provider, Launches)
-            and offer.source is OfferSource.live
-            and not (single_unit(offer) and (o.offer_id in self._taken or o.offer_id in held))
+            and self.market.launchable(offer)
+            and not any(u in self._taken or u in held for u in unit_ids(offer))
             and self.market.circuits[o.provider].admits()  # an open circuit: not called until its probe
         )
 
@@ -161,14 +172,16 @@ class Router:
         # would show "nothing launchable" long before it runs out.
         held_here = sum(1 for i in held if (o := self.market.find(i)) is not None and single_unit(o))
         top = TOP_OPTIONS + len(self._taken) + held_here
-        # Same book, same moment, same spec, same depth: the same quote. A pass ranks each spec once, not
-        # once per job (what is launchable now is filtered below, each time).
-        if self._quotes[0] is not book or self._quotes[1] != now:
-            self._quotes = (book, now, {})
-        key = (job.spec.model_dump_json(), top)
-        q = self._quotes[2].get(key)
+        # Same book, moment, held and taken machines, spec and depth: the same quote. A pass ranks each spec
+        # once, not once per job (what is launchable now is filtered below, each time).
+        if self._quotes[0] is not book or self._quotes[1] != now or self._quotes[2] is not held:
+            self._quotes = (book, now, held, {})
+        taken = frozenset(self._taken)
+        key = (job.spec.model_dump_json(), top, taken)
+        q = self._quotes[3].get(key)
         if q is None:
-            q = self._quotes[2][key] = rank_quote(book, job.spec, now=now, top=top, max_rejected=20)
+            q = self._quotes[3][key] = rank_quote(book, job.spec, now=now, top=top, max_rejected=20,
+                                                  exclude=taken.union(held))  # no assembly of machines taken
         options = [o for o in q.options if self._launchable(o, self.market.find(o.offer_id), held)]
         return q, options[:TOP_OPTIONS]
 
@@ -182,12 +195,13 @@ class Router:
         """
         now = time.monotonic()
         if self._held is None or now - self._held[0] > HELD_TTL_S:
-            self._held = (now, await self._db(self.store.held_offer_ids))
+            self._held = (now, {m for o in await self._db(self.store.held_offer_ids) for m in member_ids(o)})
         return self._held[1]
 
     async def _launching_elsewhere(self) -> set[str]:
         """Offers with an intent on them: launches in flight (few rows, read fresh)."""
-        return {a.offer_id for a in await self._db(self.store.allocations, None, [AllocationState.intent])}
+        return {m for a in await self._db(self.store.allocations, None, [AllocationState.intent])
+                for m in member_ids(a.offer_id)}
 
     def unplaceable_reason(self, q: Quote, options: list[QuoteOption]) -> str:
         """Why a job cannot be launched anywhere right now ('' when it can)."""
@@ -237,12 +251,31 @@ class Router:
                               f"its cap of {tenant.max_gpus}")
         return left, ""
 
-    def decide(self, job: Job, options: list[QuoteOption], now: datetime, budget_left: float | None) -> Decision:
+    def deadline(self, job: Job) -> datetime | None:
+        return job.deadline or job.spec.deadline_at(job.created_at)
+
+    def situation(self, job: Job, options: Sequence[QuoteOption], now: datetime) -> Situation:
+        """Where the job stands, as the spot plan weighs it: the progress it kept, the market of its first spot
+        option (what the broker observed of it), the restart time and the decision interval. Blocking
+        (store reads): call it off the event loop. The simulator passes the same (broker/simulate/deadline.py)."""
+        done = progress_hours(self.store.allocations(job.id), now, restart_minutes=self.settings.broker.restart_minutes,
+                              checkpoint_minutes=job.spec.checkpoint_minutes)
+        deadline = self.deadline(job)
+        spot = next((o for o in options if o.market is Market.spot), None)
+        market = None
+        if spot is not None and deadline is not None and job.spec.interruptible:
+            market = self.spot_markets.market(spot, submitted=job.created_at, deadline=deadline, now=now)
+        return Situation(now=now, deadline=deadline, done_hours=done, spot_market=market,
+                         restart_minutes=self.settings.broker.restart_minutes,
+                         decision_interval_hours=DECISION_INTERVAL_HOURS)
+
+    def decide(self, job: Job, options: list[QuoteOption], situation: Situation,
+               budget_left: float | None) -> Decision:
+        """``policies.placement.decide`` for a job waiting to be placed (new, requeued, or waiting for spot)."""
         spot_rates = list(self.preemption_rates().values()) or [DEFAULT_SPOT_PREEMPTIONS_PER_HOUR]
         return decide(
-            job.spec, options, now=now, deadline=job.deadline or job.spec.deadline_at(job.created_at),
-            max_queue_wait_hours=self.settings.broker.max_queue_wait_hours, budget_left_usd=budget_left,
-            preemptions_per_hour=sum(spot_rates) / len(spot_rates),
+            job.spec, options, max_queue_wait_hours=self.settings.broker.max_queue_wait_hours,
+            budget_left_usd=budget_left, preemptions_per_hour=sum(spot_rates) / len(spot_rates), **situation,
         )
 
     # ------------------------------------------------------------------ placing
@@ -268,7 +301,8 @@ class Router:
                 return await self.back_to_pending(
                     job, f"budget: no option fits the ${budget_left:,.2f} left of tenant {job.tenant}'s budget",
                     [], {"budget_left_usd": round(budget_left, 2)})
-        decision = self.decide(job, options, now, budget_left)
+        situation = await self._db(self.situation, job, options, now)
+        decision = self.decide(job, options, situation, budget_left)
         tries_allowed = self.settings.broker.max_launch_tries
         cands = candidates(options, decision)
         if not cands:
@@ -296,19 +330,21 @@ class Router:
                 skip.add(opt.provider)
                 shut.append(circuit.describe())
                 continue
-            if single_unit(offer):
+            units = unit_ids(offer)
+            if units:
                 # One machine, one renter: skip what this process is launching on (or lost) and what a
                 # live allocation of any replica holds, instead of spending a try on a certain refusal.
                 # Check and reserve with no await in between, so concurrent placements never pick alike.
-                if offer.id in self._taken or offer.id in held:
+                # An assembly takes all its machines (a failed rent keeps them out until the next refresh).
+                if any(u in self._taken or u in held for u in units):
                     continue
-                self._taken.add(offer.id)
+                self._taken.update(units)
                 # Another replica may have written its intent on it since: look again, just before ours.
-                if offer.id in await self._launching_elsewhere():
+                if not set(units).isdisjoint(await self._launching_elsewhere()):
                     continue
             ticket = circuit.acquire()
             if ticket is None:  # it closed to us while we looked for intents elsewhere
-                self._taken.discard(offer.id)
+                self._taken.difference_update(units)
                 skip.add(opt.provider)
                 shut.append(circuit.describe())
                 continue
@@ -347,8 +383,11 @@ class Router:
                 spec.command, result_dir=str(results_path(self.settings)), stem=job_stem(job.id, attempt))})
         run = RunRequest.for_launch(spec, job_id=job.id, attempt=attempt, secrets=secret_values,
                                     runtime=self.settings.runtime)
+        members = [m for i in member_ids(offer.id) if (m := self.market.find(i)) is not None] \
+            if is_assembled(offer.id) else []
         req = LaunchRequest(job_id=job.id, tenant=job.tenant, attempt=attempt, spec=spec, offer=offer,
-                            nodes=opt.nodes, installation=self.settings.broker.installation, run=run)
+                            nodes=opt.nodes, installation=self.settings.broker.installation, run=run,
+                            members=members)
         alloc = Allocation(
             id=new_alloc_id(), job_id=job.id, attempt=attempt, provider=opt.provider, offer_id=opt.offer_id,
             state=AllocationState.intent, client_token=req.client_token, nodes=opt.nodes, region=opt.region,
@@ -362,10 +401,10 @@ class Router:
         except ProviderError as exc:
             ticket.record(exc)
             if not isinstance(exc, CapacityError):
-                self._taken.discard(offer.id)  # not gone, just not launched: others may try it
+                self._taken.difference_update(unit_ids(offer))  # not gone, just not launched: others may try it
             failed = LaunchTry(offer_id=opt.offer_id, provider=opt.provider, sku=opt.sku, zone=opt.zone,
                                market=opt.market.value, error=str(exc)[:300], kind=error_kind(exc))
-            if not await self._fail_intent(alloc, str(exc)[:500]):
+            if not await self._fail_intent(alloc, str(exc)[:500], failed.kind):
                 return await self._decided_elsewhere(job, alloc, [*tries, failed])
             if self.on_placed:
                 self.on_placed(opt.provider, failed.kind)
@@ -373,7 +412,7 @@ class Router:
             return failed
         except Exception as exc:  # an adapter bug must not lose the job: record, try the next offer
             ticket.record(exc)
-            self._taken.discard(offer.id)
+            self._taken.difference_update(unit_ids(offer))
             log.exception("job %s: launch on %s raised", job.id, opt.provider)
             failed = LaunchTry(offer_id=opt.offer_id, provider=opt.provider, error=repr(exc)[:300], kind="error")
             if not await self._fail_intent(alloc, repr(exc)[:500]):
@@ -415,11 +454,12 @@ class Router:
             self.on_placed(opt.provider, "placed")
         return PlacementResult(placed, True, placed.reason, list(tries))
 
-    async def _fail_intent(self, alloc: Allocation, reason: str) -> bool:
-        """Record a failed launch over its intent; False when a reconcile decided on the intent first."""
+    async def _fail_intent(self, alloc: Allocation, reason: str, kind: str = "error") -> bool:
+        """Record a failed launch over its intent (``kind``: :func:`error_kind`, kept in its attrs: a spot market's
+        history counts capacity refusals); False when a reconcile decided on the intent first."""
         try:
             await self._db(self.store.update_allocation, alloc.id, expected={AllocationState.intent},
-                           state=AllocationState.failed, reason=reason)
+                           state=AllocationState.failed, reason=reason, attrs={**alloc.attrs, "error_kind": kind})
         except ConflictError:
             return False
         return True

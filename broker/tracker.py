@@ -250,7 +250,7 @@ class Tracker:
     ) -> list[PricePoint]:
         horizon = now - timedelta(days=self.cfg.retention_days)
         since: dict[str, datetime | None] = {}
-        for region in provider.price_regions:
+        for region in await provider.price_regions():
             last = await asyncio.to_thread(self.store.last_seen, provider.name, region)
             since[region] = max(last, horizon) if last is not None else None
         out: list[PricePoint] = []

@@ -39,6 +39,7 @@ from broker.models import (
     Market,
     Network,
     Offer,
+    OfferSource,
     Perf,
 )
 from broker.perf import DEFAULT_DOWNLOAD_GBPS, FABRIC_EFFICIENCY, FABRIC_LATENCY_US, INTRA_BUSBW_GBPS
@@ -47,6 +48,7 @@ MARKETS: tuple[Market, ...] = tuple(Market)
 FABRICS: tuple[Fabric, ...] = tuple(Fabric)
 COLOCATIONS: tuple[Colocate, ...] = tuple(Colocate)
 INTRAS: tuple[IntraNode, ...] = tuple(IntraNode)
+SOURCES: tuple[OfferSource, ...] = tuple(OfferSource)  # the "source" column: where a row's price comes from
 VENDORS: tuple[Vendor | None, ...] = (None, *Vendor)  # code 0: a GPU the table does not know
 OWNED = MARKETS.index(Market.owned)
 DEFAULT_SPOT_PREEMPTIONS_PER_HOUR = 0.05  # when no history says otherwise
@@ -101,7 +103,8 @@ NUMERIC: dict[str, tuple[Any, Any]] = {
     "intra": (np.int8, INTRAS.index(IntraNode.pcie)), "tflops": (np.float64, np.nan), "measured": (bool, False),
     "fabric_lat": (np.float64, np.nan), "reliability": (np.float64, np.nan), "stale": (bool, False),
     "egress": (np.float64, 0.0), "queue": (np.float64, 0.0), "inet_down_mbps": (np.float64, np.nan),
-    "observed_at": (np.float64, 0.0),
+    "observed_at": (np.float64, 0.0), "source": (np.int8, SOURCES.index(OfferSource.live)),
+    "no_image": (bool, False),  # runs commands on its hosts only: attrs["containers"] == "none"
 }
 
 
@@ -113,6 +116,7 @@ def offer_columns(offers: Sequence[Offer]) -> dict[str, Any]:
     fabric_index = {f: i for i, f in enumerate(FABRICS)}
     market_index = {m: i for i, m in enumerate(MARKETS)}
     coloc_index = {c: i for i, c in enumerate(COLOCATIONS)}
+    source_index = {c: i for i, c in enumerate(SOURCES)}
     intra_index = {c: i for i, c in enumerate(INTRAS)}
     ids: list[str] = [""] * n
     nodes: dict[int, tuple[str, ...]] = {}
@@ -150,6 +154,8 @@ def offer_columns(offers: Sequence[Offer]) -> dict[str, Any]:
         num["queue"][i] = o.queue_wait_hours
         num["inet_down_mbps"][i] = net.inet_down_mbps or np.nan
         num["observed_at"][i] = o.observed_at.timestamp()
+        num["no_image"][i] = o.attrs.get("containers") == "none"
+        num["source"][i] = source_index[o.source]
         if o.attrs.get("nodes"):
             nodes[i] = tuple(o.attrs["nodes"].split(","))
     return {"id": ids, **text, **num, "nodes": nodes}
@@ -296,6 +302,9 @@ class OfferBook:
     unhealthy_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     any_divisible: bool = False  # some rows are paid per GPU taken (owned nodes)
     any_queue: bool = False  # some rows wait in a queue before they start
+    # Providers whose offers are independent single machines the broker may assemble into a multi-node
+    # job (policies/assembly.py): set by the market from the AssemblesNodes capability.
+    assemblers: frozenset[str] = frozenset()
     _folded_gpus: dict[str, int] | None = None
 
     def __len__(self) -> int:
@@ -510,6 +519,7 @@ class OfferBook:
             reliability=None if np.isnan(reliability) else reliability, perf=perf,
             egress_usd_per_gb=float(c["egress"][row]), queue_wait_hours=float(c["queue"][row]),
             observed_at=datetime.fromtimestamp(float(c["observed_at"][row]), UTC), stale=bool(c["stale"][row]),
+            source=SOURCES[c["source"][row]],
             attrs=attrs,
         )
 

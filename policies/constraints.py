@@ -52,6 +52,8 @@ CHECKS: tuple[Check, ...] = (
     Check("unhealthy", lambda o, s: "node marked unhealthy"),
     Check("gpu_model", lambda o, s: f"GPU {o.gpu} not accepted (job accepts {', '.join(s.gpu)})"),
     Check("runtime", _runtime_reason),
+    Check("image", lambda o, s: "no container runtime here for the job's image (the pool runs commands on its "
+                                "hosts): drop `image`, or use a pool with one (pyxis, apptainer)"),
     Check("gpu_memory", lambda o, s: f"{o.gpu_memory_gb:g} GB per GPU < {memory_needed(s):g} GB needed" + (
         "" if memory_needed(s) <= s.min_gpu_memory_gb else
         f" ({s.workload.params_b:g}B parameters in bf16 over {s.gpus} GPUs)")),
@@ -204,8 +206,11 @@ def _group_checks(book: OfferBook, spec: JobSpec) -> np.ndarray:
     return codes
 
 
-def screen(book: OfferBook, spec: JobSpec) -> Screen:
-    """The constraints over ``book``: group checks on the index, row checks on the rows that remain."""
+def screen(book: OfferBook, spec: JobSpec, *, members: bool = False) -> Screen:
+    """The constraints over ``book``: group checks on the index, row checks on the rows that remain.
+
+    ``members``: screen rows as single machines of an assembly (policies/assembly.py): the node count,
+    co-location and price cap are the assembly's to meet, not each machine's."""
     assert spec.gpus_per_node is not None
     group_codes = _group_checks(book, spec)
     which = group_codes == 0
@@ -228,10 +233,12 @@ def screen(book: OfferBook, spec: JobSpec) -> Screen:
     fails: list[tuple[str, np.ndarray]] = []
     if book.any_unhealthy:
         fails.append(("unhealthy", col("unhealthy")))
+    if spec.image is not None:
+        fails.append(("image", col("no_image")))
     if need := memory_needed(spec):
         fails.append(("gpu_memory", col("gpu_mem") + 1e-9 < need))
     fails.append(("gpus_per_node", col("gpu_count") < spec.gpus_per_node))
-    if nodes > 1:
+    if nodes > 1 and not members:
         fails.append(("nodes", col("max_nodes") < nodes))
         fails.append(("colocation", col("coloc") > COLOCATE_RANK[spec.colocate]))
     if spec.fabric is not FabricNeed.any:
@@ -242,7 +249,7 @@ def screen(book: OfferBook, spec: JobSpec) -> Screen:
         fails.append(("reliability", col("reliability") < spec.min_reliability))  # unknown (NaN) passes
     if not spec.interruptible:
         fails.append(("interruptible", col("interruptible")))
-    if spec.max_usd_per_hour is not None:
+    if spec.max_usd_per_hour is not None and not members:
         price = col("price") if not book.any_divisible else np.where(
             col("divisible"), col("price_per_gpu") * spec.gpus_per_node, col("price"))
         fails.append(("price_cap", price * nodes > spec.max_usd_per_hour + 1e-9))

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict
 
 from broker.models import Allocation, AllocationState, JobSpec, Market, QuoteOption
 from policies.spot import SpotChoice, SpotMarket, spot_choice
@@ -36,6 +36,18 @@ CLOUD_MARKETS = frozenset({Market.spot, Market.on_demand})
 # How long until the live broker decides again for a pending job (its retry, 15 s) plus a poll (5 s)
 # and some launch latency: the margin the spot plan's safety net keeps.
 DECISION_INTERVAL_HOURS = 1.0 / 60.0
+
+
+class Situation(TypedDict):
+    """Where a job stands for :func:`decide` and :func:`rebalance`: the arguments both take, built alike by the
+    live router (``Router.situation``) and the simulator (broker/simulate/)."""
+
+    now: datetime
+    deadline: datetime | None
+    done_hours: float
+    spot_market: SpotMarket | None
+    restart_minutes: float
+    decision_interval_hours: float
 
 
 class Route(StrEnum):
@@ -100,7 +112,7 @@ def progress_hours(allocations: Iterable[Allocation], now: datetime, *, restart_
 
     Each allocation counts from ``attrs["running_since"]`` to its end (its last update once it
     ended, ``now`` while it runs), less the restart it began with; a preempted one also loses
-    half a checkpoint interval of work. Allocations that never ran count nothing.
+    half a checkpoint interval of work. Allocations that never ran count nothing. Whole seconds.
     """
     total = 0.0
     for a in allocations:
@@ -113,7 +125,7 @@ def progress_hours(allocations: Iterable[Allocation], now: datetime, *, restart_
         if a.state is AllocationState.preempted:
             kept = max(0.0, kept - checkpoint_minutes / 120.0)
         total += kept
-    return total
+    return round(total * 3600.0) / 3600.0  # to the second, as the simulator counts
 
 
 def decide(
@@ -234,11 +246,13 @@ def rebalance(
     restart_minutes: float = 10.0,
     decision_interval_hours: float = DECISION_INTERVAL_HOURS,
 ) -> Decision:
-    """For a job running on on-demand: move to spot now (if a spot launch succeeds), or stay.
+    """For a job running on on-demand: move to spot now, or stay.
 
-    ``allow_spot`` True means: try the spot candidates (``candidates`` gives them; a failed
-    launch keeps the job where it is); False: stay on on-demand. Without a market history or a
-    deadline there is nothing to gain that is worth a changeover, and the job stays.
+    ``allow_spot`` True means: give the on-demand instance up and place the job again (the
+    broker's rebalance step: :func:`decide` then chooses, with the progress kept, and spot is
+    first among its candidates); it is True only when the plan prefers spot from on-demand and
+    the market was last seen with spot (``spot_market.up``). False: stay on on-demand. Without a
+    market history or a deadline there is nothing to gain that is worth a changeover, and the job stays.
     """
     od_hours = min((o.expected_hours for o in options if o.market is Market.on_demand), default=None)
     work_left = None if od_hours is None else max(od_hours - done_hours, 0.0)
@@ -247,8 +261,13 @@ def rebalance(
                        decision_interval_hours=decision_interval_hours)
     if planned is None:
         return Decision(Route.cloud, "stay on on-demand: nothing to plan a move with", False, on_demand_fallback=False)
-    move = planned.if_available is Market.spot
-    why = "move to spot if it can be had" if move else "stay on on-demand"
+    # Break before make: the move gives the on-demand instance up first, so it is made only while the
+    # market was last seen with spot (a launch then is likely to succeed).
+    wants = planned.if_available is Market.spot
+    move = wants and spot_market is not None and spot_market.up
+    why = ("move to spot: the plan says so and spot was last seen available" if move else
+           "stay on on-demand: the plan would move to spot, but spot was last seen gone" if wants else
+           "stay on on-demand")
     return Decision(Route.cloud, f"{why} ({planned.reason})", move, planned.numbers, on_demand_fallback=False)
 
 

@@ -11,14 +11,16 @@ only the options shown and the rejections written out become objects.
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Collection
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 
-from broker.models import JobSpec, Quote
+from broker.models import JobSpec, Quote, source_label_at
 from broker.perf import job_hours, preemption_overhead, step_shape, transfer_hours
-from policies.book import FABRICS, MARKETS, OWNED, OfferBook
+from policies.assembly import assemblable, assemble
+from policies.book import FABRICS, MARKETS, OWNED, SOURCES, OfferBook
 from policies.constraints import CODE_OF, describe, job_node_price, screen
 
 # Moving data out of a site whose offers declare no egress price (a cloud region's internet
@@ -83,9 +85,40 @@ def quote(
     now: datetime,
     top: int = 10,
     max_rejected: int | None = None,
+    exclude: Collection[str] = (),
 ) -> Quote:
     """Rank ``book`` for ``spec``. ``max_rejected`` caps how many rejections are spelled out
-    (all of them are counted in ``rejected_counts``)."""
+    (all of them are counted in ``rejected_counts``).
+
+    A multi-node job that may run on scattered machines also gets the options assembled from the single
+    machines of ``book.assemblers`` (policies/assembly.py), ranked by the same model; ``exclude``: offer ids
+    of machines that are taken, which no assembly may use."""
+    q = _quote(book, spec, now=now, top=top, max_rejected=max_rejected)
+    if not (book.assemblers and assemblable(spec)):
+        return q
+    extra = assemble(book, spec, exclude=exclude)
+    if extra is None:
+        return q
+    aq = _quote(extra, spec, now=now, top=top, max_rejected=0)
+    note = f"assembled from {spec.nodes} separately rented machines: ethernet over the internet between them"
+    assembled = [o.model_copy(update={"breakdown": o.breakdown.model_copy(
+        update={"notes": [*o.breakdown.notes, note]})}) if o.breakdown else o for o in aq.options]
+    options = sorted([*q.options, *assembled], key=lambda o: (o.expected_cost_usd, o.stale, o.expected_hours))
+    counts = dict(q.rejected_counts)
+    for code, count in aq.rejected_counts.items():
+        counts[f"{code} (assembled)"] = counts.get(f"{code} (assembled)", 0) + count
+    return q.model_copy(update={"options": options[:top], "rejected_counts": counts,
+                                "notes": [*q.notes, f"{len(extra)} option(s) assembled from single machines"]})
+
+
+def _quote(
+    book: OfferBook,
+    spec: JobSpec,
+    *,
+    now: datetime,
+    top: int,
+    max_rejected: int | None,
+) -> Quote:
     sc = screen(book, spec)
     pos = np.flatnonzero(sc.codes == 0)  # feasible, as positions among the screened rows
     idx = sc.rows[pos]
@@ -137,7 +170,7 @@ def quote(
     # Cheapest to the cent first; then fresh before stale, sooner before later, and the exact cost.
     sub = np.lexsort((cost[chosen], wall[chosen], book["stale"][idx[chosen]], np.round(cost[chosen], 2)))
     shown = chosen[sub][:top]
-    options = _options(book, idx[shown], nodes, gpn, price=job_price[shown], wall=wall[shown], cost=cost[shown],
+    options = _options(book, idx[shown], nodes, gpn, now, price=job_price[shown], wall=wall[shown], cost=cost[shown],
                        comp=np.broadcast_to(comp, cost.shape)[shown], comm=np.broadcast_to(comm_h, cost.shape)[shown],
                        lost=lost[shown], egress=egress_usd[shown], billed=billed_hours[shown])
     rows, codes = sc.rejected(max_rejected)
@@ -148,21 +181,37 @@ def quote(
         rejected.append({"provider": text["provider"][j], "sku": text["sku"][j], "region": text["region"][j],
                          "zone": text["zone"][j], "offer_id": book.ids[i], "code": code, "reason": reason})
     missing = _missing_models(book, spec)
+    by_source = _by_source(book, idx[keep])
     # One validation call for the whole answer (per-object constructors cost 3-10× more).
     return Quote.model_validate({
         "job": spec, "options": options, "rejected": rejected, "rejected_counts": sc.counts(),
-        "offers_considered": len(book), "at": now,
+        "offers_considered": len(book), "at": now, "feasible_sources": by_source,
         "notes": [f"no market offers {', '.join(missing)}"] if missing else [],
     })
 
 
-def _options(book: OfferBook, rows: np.ndarray, nodes: int, gpn: int, **figures: np.ndarray) -> list[dict[str, Any]]:
+def _by_source(book: OfferBook, rows: np.ndarray) -> dict[str, dict[str, int]]:
+    """Feasible rows per market (``provider``) and price source: {"aws": {"live": 12, "snapshot": 3}}."""
+    if not len(rows):
+        return {}
+    names = book.providers.names
+    key = book["provider"][rows] * len(SOURCES) + book["source"][rows]  # int32: one pass, no sort
+    counts = np.bincount(key, minlength=len(names) * len(SOURCES))
+    out: dict[str, dict[str, int]] = {}
+    for k in np.flatnonzero(counts).tolist():
+        out.setdefault(names[k // len(SOURCES)], {})[SOURCES[k % len(SOURCES)].value] = int(counts[k])
+    return out
+
+
+def _options(book: OfferBook, rows: np.ndarray, nodes: int, gpn: int, now: datetime,
+             **figures: np.ndarray) -> list[dict[str, Any]]:
     """The options shown, as data for QuoteOption: only these rows become objects."""
     c = book.cols
     f = {k: v.tolist() for k, v in figures.items()}
     text = {k: book.texts(k, rows) for k in ("provider", "sku", "region", "zone", "cluster", "gpu", "perf_source")}
     num = {k: c[k][rows].tolist() for k in ("market", "fabric", "fabric_gbps", "interruptible", "stale", "queue",
-                                             "measured", "tflops")}
+                                             "measured", "tflops", "source", "observed_at")}
+    now_ts = now.timestamp()
     out = []
     for j, i in enumerate(rows.tolist()):
         perf_source, tflops = text["perf_source"][j], num["tflops"][j]
@@ -171,8 +220,13 @@ def _options(book: OfferBook, rows: np.ndarray, nodes: int, gpn: int, **figures:
             notes.append(f"measured {tflops:.0f} TFLOP/s per GPU ({perf_source})")
         elif perf_source == "dlperf":
             notes.append(f"speed prior from dlperf: {tflops:.0f} TFLOP/s per GPU")
+        source, observed_ts = SOURCES[num["source"][j]], num["observed_at"][j]
+        age = now_ts - observed_ts
+        label = source_label_at(source, observed_ts, age)
         if num["stale"][j]:
             notes.append("offer is stale: its provider did not answer the last refresh")
+        if source.value != "live":
+            notes.append(f"price: {label}")
         out.append({
             "offer_id": book.ids[i], "provider": text["provider"][j], "market": MARKETS[num["market"][j]],
             "sku": text["sku"][j], "region": text["region"][j], "zone": text["zone"][j],
@@ -180,7 +234,8 @@ def _options(book: OfferBook, rows: np.ndarray, nodes: int, gpn: int, **figures:
             "fabric": FABRICS[num["fabric"][j]], "fabric_gbps": num["fabric_gbps"][j],
             "usd_per_hour": round(f["price"][j], 4), "expected_hours": round(f["wall"][j], 4),
             "expected_cost_usd": round(f["cost"][j], 2), "interruptible": num["interruptible"][j],
-            "stale": num["stale"][j], "perf_source": perf_source,
+            "stale": num["stale"][j], "perf_source": perf_source, "source": source,
+            "observed_at": datetime.fromtimestamp(observed_ts, UTC), "age_s": round(age, 1), "source_label": label,
             "breakdown": {
                 "compute_hours": round(f["comp"][j], 4), "comm_hours": round(f["comm"][j], 4),
                 "queue_wait_hours": round(num["queue"][j], 4), "preemption_overhead_hours": round(f["lost"][j], 4),

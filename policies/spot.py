@@ -38,6 +38,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 import numpy as np
@@ -187,6 +188,74 @@ def spot_market(series: Sequence[bool] | np.ndarray, gap_seconds: float, *, subm
     up, age = current_run(arr, gap_seconds)
     model = availability_model(arr[start:end], gap_seconds, step_hours=step_hours, buckets=buckets)
     return SpotMarket(model, up, age)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One thing seen of a spot market: spot could be had over ``[start, end]`` (``up``), or could not at ``start``.
+
+    What the live broker has seen (broker/spot_markets.py): a spot allocation running (up over
+    its run), a spot launch refused for capacity or an allocation preempted (down at that moment).
+    """
+
+    start: datetime
+    end: datetime
+    up: bool
+
+
+def availability_series(observations: Sequence[Observation], *, until: datetime, since: datetime,
+                        gap_seconds: float) -> tuple[np.ndarray, datetime | None]:
+    """An availability history (one bool per tick of ``gap_seconds``, ending with the tick of ``until``).
+
+    A tick with a down observation is down; else one an up observation covers is up; else it is
+    as the tick before it was (a market stays as it was last seen). The series starts at the
+    first observed tick on or after ``since`` (before it nothing is known); the second value is
+    the time that first tick begins (None: nothing observed, an empty series).
+    """
+    span = (until - since).total_seconds()
+    ticks = int(span // gap_seconds) + 1
+    first = until - timedelta(seconds=(ticks - 1) * gap_seconds + (span % gap_seconds))
+
+    def tick(at: datetime) -> int:
+        return int((at - first).total_seconds() // gap_seconds)
+
+    down = np.zeros(ticks, dtype=bool)
+    up = np.zeros(ticks, dtype=bool)
+    for o in observations:
+        a, b = max(tick(o.start), 0), min(tick(max(o.end, o.start)), ticks - 1)
+        if b < 0 or a > ticks - 1:
+            continue
+        if o.up:
+            up[a:b + 1] = True
+        else:
+            down[a] = True
+    seen = down | up
+    if not seen.any():
+        return np.zeros(0, dtype=bool), None
+    start = int(np.argmax(seen))
+    out = np.empty(ticks - start, dtype=bool)
+    state = True
+    for i in range(start, ticks):
+        if seen[i]:
+            state = not down[i]
+        out[i - start] = state
+    return out, first + timedelta(seconds=start * gap_seconds)
+
+
+def observed_market(observations: Sequence[Observation], *, now: datetime, submitted: datetime,
+                    deadline_hours: float, gap_seconds: float) -> SpotMarket:
+    """The live broker's :class:`SpotMarket` for a job submitted at ``submitted``, from what it observed.
+
+    The series runs from a week before the submission to ``now`` (:func:`availability_series`);
+    the model is learnt from its part before the submission, on the plan step of the job's
+    deadline (hours from submission), as the simulator's ``lockstep`` learns it from a trace.
+    Nothing observed: the prior, with spot taken as just lost.
+    """
+    since = submitted - timedelta(hours=MODEL_WINDOW_HOURS)
+    series, first = availability_series(observations, until=now, since=since, gap_seconds=gap_seconds)
+    submitted_tick = 0 if first is None else max(0, int((submitted - first).total_seconds() // gap_seconds))
+    return spot_market(series, gap_seconds, submitted_tick=min(submitted_tick, len(series)),
+                       step_hours=plan_step_hours(deadline_hours))
 
 
 # --------------------------------------------------------------------------- the plan

@@ -87,6 +87,9 @@ class LaunchRequest(BaseModel):
     installation: str = "lockstep"  # owner tag value; lets two installs share an account
     # What the in-job wrapper needs (docs/runtime.md), secrets resolved: the router sets it. Never stored.
     run: RunRequest | None = None
+    # An assembled offer's machines, one per node in rank order (policies/assembly.py); only for a provider
+    # that AssemblesNodes (providers/capabilities.py). Empty for every other launch.
+    members: list[Offer] = Field(default_factory=list)
 
     def run_request(self) -> RunRequest:
         """``run``, or one built from the spec alone (no secrets: for requests made outside the router)."""
@@ -114,6 +117,11 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     async def offers(self, query: OfferQuery | None = None) -> list[Offer]:
         """Current offers, normalised. May push ``query`` down; never returns fewer than match."""
+
+    def notes(self) -> list[str]:
+        """What its last answer lacks though it answered (e.g. prices from a snapshot), and why: the market
+        shows them in the provider's health. Nothing by default."""
+        return []
 
     async def aclose(self) -> None:
         """Release connections and clients."""

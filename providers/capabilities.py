@@ -17,6 +17,7 @@ capability             methods                                          who has 
 :class:`RunsBurnIn`    run_on_node (+ Launches, ListsNodes)             slurm
 :class:`Snapshot`      as_of (offers carry ``source=snapshot``)         catalog
 :class:`HasJobLogs`    job_log (+ Launches)                             aws, vast, slurm
+:class:`AssemblesNodes`  launch of ``members`` (+ Launches)               vast
 =====================  ===============================================  ====================
 
 A new ability (job logs, teardown, a Kubernetes pool's namespaces…) is one more mix-in
@@ -35,6 +36,7 @@ from broker.models import Allocation, AllocationStatus, PricePoint
 from providers.base import LaunchRequest, Provider
 
 __all__ = [
+    "AssemblesNodes",
     "DrainsNodes",
     "HasJobLogs",
     "HasSpotPriceHistory",
@@ -117,10 +119,9 @@ class ListsNodes(Provider):
 class HasSpotPriceHistory(Provider):
     """Keeps a spot-price history the tracker can read incrementally (EC2's DescribeSpotPriceHistory)."""
 
-    @property
     @abc.abstractmethod
-    def price_regions(self) -> list[str]:
-        """The regions whose history it reads."""
+    async def price_regions(self) -> list[str]:
+        """The regions whose history it reads (they may have to be listed first: ``aws.regions: all``)."""
 
     @abc.abstractmethod
     async def spot_price_history(
@@ -183,3 +184,20 @@ class HasJobLogs(Launches):
     @abc.abstractmethod
     async def job_log(self, alloc: Allocation, *, rank: int = 0) -> str:
         """The node's log so far, in the wrapper's line format ('' when nothing has arrived yet)."""
+
+
+class AssemblesNodes(Launches):
+    """Sells independent single machines that the broker may rent together for one multi-node job.
+
+    The market lists such providers in ``OfferBook.assemblers``; the ranking then assembles their
+    single-machine offers into multi-node options (policies/assembly.py) for jobs whose co-location and
+    fabric allow it. ``launch`` of a request with ``members`` (one offer per node, rank order) rents every
+    machine or none: if one fails, those already rented are destroyed before the error is raised. The
+    allocation holds every machine (``resource_ids`` in rank order); ``poll`` follows them all (one gone
+    or preempted: the whole allocation is), ``release`` gives them all back, and every machine gets the
+    same rendezvous (docs/runtime.md), with its own rank.
+    """
+
+    @abc.abstractmethod
+    async def launch_members(self, req: LaunchRequest) -> Allocation:
+        """Rent ``req.members`` (all or none) for one attempt; what ``launch`` does when ``members`` is set."""

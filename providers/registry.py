@@ -19,6 +19,7 @@ class _Market:
     # (settings, installation, providers built so far) → the provider. Imports are inside, so a
     # missing optional dependency of one adapter cannot break the others (and the CLI starts fast).
     build: Callable[[Settings, str, dict[str, Provider]], Provider]
+    setup: str = ""  # what switches it on, for a user told it is missing
 
 
 def _catalog(s: Settings, inst: str, built: dict[str, Provider]) -> Provider:
@@ -56,12 +57,14 @@ def _vast(s: Settings, inst: str, built: dict[str, Provider]) -> Provider:
 # In build order: "reserved" shares the "aws" adapter built before it.
 MARKETS: dict[str, _Market] = {
     "catalog": _Market(lambda s: s.catalog.enabled, _catalog),
-    "slurm": _Market(lambda s: s.slurm.enabled, _slurm),
-    "aws": _Market(lambda s: s.aws.enabled, _aws),
+    "slurm": _Market(lambda s: s.slurm.enabled, _slurm, "slurm.enabled: true and slurm.url (docs/slurm.md)"),
+    "aws": _Market(lambda s: s.aws.enabled, _aws,
+                   "aws.enabled: true and AWS credentials, e.g. AWS_PROFILE (docs/aws.md)"),
     "reserved": _Market(
         lambda s: s.aws.enabled and (s.aws.capacity_reservations or bool(s.aws.reserved_pools)), _reserved
     ),
-    "vast": _Market(lambda s: s.vast.enabled, _vast),
+    "vast": _Market(lambda s: s.vast.enabled, _vast,
+                    "vast.enabled: true and vast.api_key, e.g. LOCKSTEP_VAST_API_KEY (docs/vast.md)"),
 }
 
 
@@ -69,6 +72,12 @@ def configured(settings: Settings, name: str) -> bool:
     """Is market ``name`` switched on in ``settings``? False for a name that is no market."""
     market = MARKETS.get(name)
     return market is not None and market.enabled(settings)
+
+
+def how_to_enable(name: str) -> str:
+    """What to configure to switch market ``name`` on ('' when it cannot be switched on by itself)."""
+    market = MARKETS.get(name)
+    return market.setup if market is not None else ""
 
 
 def build_providers(settings: Settings, only: list[str] | None = None) -> dict[str, Provider]:

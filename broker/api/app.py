@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from broker.api.auth import RateLimiter, TokenCache
+from broker.api.docs import STATIC_PREFIX, static_file
 from broker.api.handlers import ROUTES
 from broker.api.keys import BAD_TOKENS, LIMITER, METRICS, OPENAPI, SERVICE, TOKENS
 from broker.api.metrics import ApiMetrics
@@ -45,9 +46,11 @@ def create_app(svc: Lockstep, *, start_loops: bool = True, close_service: bool =
     app[BAD_TOKENS] = RateLimiter(api.bad_token_rate_per_s, api.bad_token_burst)
 
     app[TOKENS] = TokenCache(svc.verify_token, token_cache_s)
-    app[OPENAPI] = build_openapi()
+    app[OPENAPI] = build_openapi(public_docs=api.public_docs)
     for r in ROUTES:
         app.router.add_route(r.method, r.path, r.handler, name=r.operation_id)
+    # The docs page's script and stylesheet, from the installed Swagger UI bundle (not in the document).
+    app.router.add_get(STATIC_PREFIX + "/{name}", static_file, name="docs_static")
     app.cleanup_ctx.append(_hooks)
     app.cleanup_ctx.append(_service(start_loops, close_service))
     return app

@@ -73,11 +73,31 @@ def render(data: BaseModel | Sequence[BaseModel], status: int = 200,
 
 
 ADMIN_ONLY: set[Handler] = set()  # handlers only an admin token may call (the auth middleware checks)
+ALLOWED: dict[Handler, frozenset[Role]] = {}  # handlers with their own list of roles (see allowed_roles)
+USER_ROLES = frozenset({Role.user, Role.admin})  # who may call a route that says nothing else
 
 
 def admin_only(handler: Handler) -> Handler:
     ADMIN_ONLY.add(handler)
     return handler
+
+
+def allow(*roles: Role) -> Callable[[Handler], Handler]:
+    """Only tokens of these roles may call the handler (the auth middleware checks)."""
+
+    def mark(handler: Handler) -> Handler:
+        ALLOWED[handler] = frozenset(roles)
+        return handler
+
+    return mark
+
+
+def allowed_roles(handler: Handler) -> frozenset[Role]:
+    """The roles whose tokens may call ``handler``: its own list, admin alone for an admin-only
+    handler, otherwise user and admin. The metrics role is named only where it is allowed."""
+    if handler in ALLOWED:
+        return ALLOWED[handler]
+    return frozenset({Role.admin}) if handler in ADMIN_ONLY else USER_ROLES
 
 
 def _caller(request: web.Request) -> TokenInfo:
@@ -255,7 +275,7 @@ async def readyz(request: web.Request) -> web.Response:
                          reason=reason), status=200 if ready else 503)
 
 
-@admin_only
+@allow(Role.admin, Role.metrics)
 async def metrics(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
     counts = await svc.db(request.app[METRICS].snapshot, svc)
@@ -267,9 +287,16 @@ async def openapi(request: web.Request) -> web.Response:
     return web.json_response(request.app[OPENAPI])
 
 
+async def docs(request: web.Request) -> web.Response:
+    from broker.api.docs import page
+
+    return web.Response(text=page(), content_type="text/html")
+
+
 # --------------------------------------------------------------------------- the route table
 
 TEXT = "text"  # a response that is Prometheus text, not JSON
+HTML = "html"  # a response that is an HTML page
 NO_CONTENT = None
 
 
@@ -286,10 +313,16 @@ class Route:
     errors: tuple[int, ...] = ()  # beyond those implied (auth, body, query, path)
     public: bool = False
     headers: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    docs: bool = False  # the API's description: public unless api.public_docs is false
 
     @property
     def admin(self) -> bool:
         return self.handler in ADMIN_ONLY
+
+    @property
+    def roles(self) -> frozenset[Role]:
+        """Who may call it (with a token; a public route answers anyone)."""
+        return allowed_roles(self.handler)
 
     @property
     def operation_id(self) -> str:
@@ -343,8 +376,10 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/healthz", healthz, "The process is up", "operations", {200: Health}, public=True),
     Route("GET", "/readyz", readyz, "The store answers and a market is available", "operations",
           {200: Health, 503: Health}, public=True),
-    Route("GET", "/metrics", metrics, "Prometheus metrics (admin)", "operations", {200: TEXT}),
-    Route("GET", "/openapi.json", openapi, "This document", "operations", {200: dict[str, Any]}),
+    Route("GET", "/metrics", metrics, "Prometheus metrics (admin or metrics role)", "operations", {200: TEXT}),
+    Route("GET", "/openapi.json", openapi, "This document", "operations", {200: dict[str, Any]}, docs=True),
+    Route("GET", "/docs", docs, "This document as a page to read and try (Swagger UI)", "operations",
+          {200: HTML}, docs=True),
 )
 
 ERROR_MODEL = ErrorBody

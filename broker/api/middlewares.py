@@ -18,15 +18,17 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from broker.api.auth import is_admin, retry_after
+from broker.api.auth import retry_after
+from broker.api.docs import STATIC_PREFIX
 from broker.api.errors import ApiError, error_response, from_http, from_lockstep
-from broker.api.handlers import ADMIN_ONLY, ROUTES
+from broker.api.handlers import ADMIN_ONLY, ROUTES, allowed_roles
 from broker.api.keys import AUTH, BAD_TOKENS, LIMITER, METRICS, SERVICE, TOKENS
 from broker.errors import LockstepError
 
 log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset(r.path for r in ROUTES if r.public)  # the route table says which
+DOC_PATHS = frozenset(r.path for r in ROUTES if r.docs)  # public too, unless api.public_docs is false
 CLIENT_CLOSED = 499  # the status a request is counted with when its client hung up before it was answered
 
 
@@ -100,6 +102,9 @@ _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="lockstep"'}
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     if request.path in PUBLIC_PATHS:
         return await handler(request)
+    if (request.path in DOC_PATHS or request.path.startswith(STATIC_PREFIX + "/")) \
+            and request.app[SERVICE].settings.api.public_docs:
+        return await handler(request)
     plaintext = _bearer(request)
     if plaintext is None:
         raise ApiError(401, "unauthorized", "a bearer token is required (Authorization: Bearer <token>)",
@@ -124,8 +129,10 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         raise ApiError(429, "rate_limited", f"tenant {info.tenant} is over its request rate",
                        headers={"Retry-After": retry_after(wait)})
     route_handler = request.match_info.handler
-    if route_handler in ADMIN_ONLY and not is_admin(info):
-        raise ApiError(403, "forbidden", "this endpoint needs an admin token")
+    if info.role not in allowed_roles(route_handler):
+        if route_handler in ADMIN_ONLY:
+            raise ApiError(403, "forbidden", "this endpoint needs an admin token")
+        raise ApiError(403, "forbidden", f"a token with the {info.role.value} role may not call this endpoint")
     request[AUTH] = info
     return await handler(request)
 

@@ -14,19 +14,23 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from broker.api.handlers import ERROR_MODEL, NO_CONTENT, ROUTES, TEXT, Route
+from broker.api.examples import NOT_READY, by_model, cancelled_job, error
+from broker.api.handlers import ERROR_MODEL, HTML, NO_CONTENT, ROUTES, TEXT, Route
+from broker.models import Role
 
 REF = "#/components/schemas/{model}"
 _PATH_PARAM = re.compile(r"{(\w+)}")
 _ERROR_TEXT = {
     400: "Bad request: a parameter, header or the JSON itself is wrong (error.field names it)",
     401: "No token, or an invalid or revoked one",
-    403: "The token's role may not do this",
+    403: "The token's role may not call this operation",
     404: "No such resource (or it belongs to another tenant)",
+    408: "The request body did not arrive within api.body_timeout_s; the connection is closed",
     409: "Conflict with the current state (idempotency key reused with another body, name taken...)",
     413: "Request body larger than the server accepts",
     422: "The body is valid JSON but not a valid document (error.field names the field)",
     429: "The tenant is over its request rate; retry after Retry-After seconds",
+    500: "Anything else: the message is only \"internal error\" (the cause is in the server's log)",
     502: "A provider failed",
 }
 _ERROR_HEADERS = {
@@ -43,7 +47,7 @@ def _collect(routes: tuple[Route, ...]) -> list[tuple[type[BaseModel], JsonSchem
     wanted: list[tuple[type[BaseModel], JsonSchemaMode]] = [(ERROR_MODEL, "serialization")]
 
     def add(tp: Any, mode: JsonSchemaMode) -> None:
-        if tp is None or tp is TEXT:
+        if tp is None or tp is TEXT or tp is HTML:
             return
         for arg in typing.get_args(tp):
             add(arg, mode)
@@ -71,14 +75,17 @@ def _schema_for(tp: Any, mode: JsonSchemaMode, key_map: dict[Any, dict[str, Any]
 
 
 def _drop_null(schema: dict[str, Any]) -> dict[str, Any]:
-    """A query parameter is absent rather than null: keep the non-null branch of Optional[X]."""
+    """A query parameter is absent rather than null: keep the non-null branch of Optional[X], and no
+    ``default: null`` (a default must match the schema it sits in)."""
     variants = schema.get("anyOf")
     if variants:
         rest = [v for v in variants if v.get("type") != "null"]
         if len(rest) == 1:
             out = {k: v for k, v in schema.items() if k != "anyOf"}
             out.update(rest[0])
-            return out
+            schema = out
+    if "default" in schema and schema["default"] is None:
+        schema = {k: v for k, v in schema.items() if k != "default"}
     return schema
 
 
@@ -102,7 +109,8 @@ def _query_params(model: type[BaseModel], defs: dict[str, Any]) -> list[dict[str
 def _error(status: int) -> dict[str, Any]:
     resp: dict[str, Any] = {
         "description": _ERROR_TEXT.get(status, "Error"),
-        "content": {"application/json": {"schema": {"$ref": REF.format(model=ERROR_MODEL.__name__)}}},
+        "content": {"application/json": {"schema": {"$ref": REF.format(model=ERROR_MODEL.__name__)},
+                                         "example": error(status)}},
     }
     if status in _ERROR_HEADERS:
         resp["headers"] = _ERROR_HEADERS[status]
@@ -112,11 +120,9 @@ def _error(status: int) -> dict[str, Any]:
 def _error_statuses(r: Route, path_params: list[str]) -> list[int]:
     codes = set(r.errors)
     if not r.public:
-        codes |= {401, 429}
-    if r.admin:
-        codes.add(403)
+        codes |= {401, 403, 429, 500}  # 403: a role the route does not allow (a metrics token, a user on admin's)
     if r.body is not None:
-        codes |= {400, 413, 422}
+        codes |= {400, 408, 413, 422}
     if r.query is not None or r.headers:
         codes.add(400)
     if path_params:
@@ -124,7 +130,32 @@ def _error_statuses(r: Route, path_params: list[str]) -> list[int]:
     return sorted(codes)
 
 
-def build_openapi(routes: tuple[Route, ...] = ROUTES, version: str = "0.1.0") -> dict[str, Any]:
+def _example(tp: Any, status: int = 200) -> Any:
+    if tp is not None and typing.get_origin(tp) is list:
+        inner = _example(typing.get_args(tp)[0])
+        return None if inner is None else [inner]
+    model = _model_of(tp)
+    return None if model is None else by_model().get(model)
+
+
+def _who(r: Route, public_docs: bool) -> str:
+    if r.public or (r.docs and public_docs):
+        return "Anyone: no token needed."
+    names = [role.value for role in Role if role in r.roles]
+    return "Tokens with the role " + " or ".join(names) + "."
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lockstep")
+    except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+        return "0.1.0"
+
+
+def build_openapi(routes: tuple[Route, ...] = ROUTES, version: str | None = None, *,
+                  public_docs: bool = True) -> dict[str, Any]:
     key_map, top = models_json_schema(_collect(routes), ref_template=REF)
     defs: dict[str, Any] = top.get("$defs", {})
     paths: dict[str, dict[str, Any]] = {}
@@ -142,28 +173,42 @@ def build_openapi(routes: tuple[Route, ...] = ROUTES, version: str = "0.1.0") ->
             if tp is NO_CONTENT:
                 responses[str(status)] = {"description": "Done"}
             elif tp is TEXT:
-                responses[str(status)] = {"description": "OK",
-                                          "content": {"text/plain": {"schema": {"type": "string"}}}}
+                responses[str(status)] = {"description": "OK", "content": {"text/plain": {
+                    "schema": {"type": "string"},
+                    "example": "# TYPE lockstep_jobs gauge\nlockstep_jobs{state=\"running\"} 3.0\n"}}}
+            elif tp is HTML:
+                responses[str(status)] = {"description": "OK", "content": {"text/html": {"schema": {"type": "string"}}}}
             else:
-                responses[str(status)] = {"description": "OK", "content": {
-                    "application/json": {"schema": _schema_for(tp, "serialization", key_map)}}}
+                media: dict[str, Any] = {"schema": _schema_for(tp, "serialization", key_map)}
+                example = NOT_READY if status == 503 else _example(tp)
+                if r.handler.__name__ == "cancel_job":
+                    example = cancelled_job()
+                if example is not None:
+                    media["example"] = example
+                responses[str(status)] = {"description": "Not ready" if status >= 500 else "OK",
+                                          "content": {"application/json": media}}
         for status in _error_statuses(r, path_params):
             responses[str(status)] = _error(status)
         op: dict[str, Any] = {"operationId": r.operation_id, "summary": r.summary, "tags": [r.tag],
-                              "responses": responses}
+                              "description": _who(r, public_docs), "responses": responses}
         if params:
             op["parameters"] = params
         if r.body is not None:
-            op["requestBody"] = {"required": True, "content": {
-                "application/json": {"schema": _schema_for(r.body, "validation", key_map)}}}
-        if r.public:
+            body: dict[str, Any] = {"schema": _schema_for(r.body, "validation", key_map)}
+            example = _example(r.body)
+            if example is not None:
+                body["example"] = example
+            op["requestBody"] = {"required": True, "content": {"application/json": body}}
+        if r.public or (r.docs and public_docs):
             op["security"] = []
         paths.setdefault(r.path, {})[r.method.lower()] = op
     return {
         "openapi": "3.1.0",
-        "info": {"title": "Lockstep API", "version": version,
-                 "description": "GPU marketplace broker and job router. Every route but /healthz and "
-                                "/readyz needs a bearer token; errors are "
+        "info": {"title": "Lockstep API", "version": version or _package_version(),
+                 "description": "GPU marketplace broker and job router. Every route but /healthz, "
+                                "/readyz (and, unless api.public_docs is false, /openapi.json and /docs) "
+                                "needs a bearer token, whose role (user, admin, metrics) says which "
+                                "operations it may call; errors are "
                                 "{\"error\": {\"code\", \"message\", \"field\"}}."},
         "paths": paths,
         "components": {

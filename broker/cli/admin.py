@@ -1,4 +1,4 @@
-"""`lockstep tokens|tenants ...` (through the service, on the local store: where the server's store is) and
+"""`lockstep tokens|tenants ...` (on the local store, or through a server with an admin token: --server) and
 `lockstep serve`.
 
 `tokens create` prints the new token alone on its last line, so scripts can
@@ -17,7 +17,7 @@ from rich.table import Table
 
 from broker.cli import render
 from broker.cli.app import get_ctx
-from broker.cli.backend import validated, with_service
+from broker.cli.backend import local_only, validated, with_store_or_server
 from broker.errors import SpecError
 from broker.models import Role, Tenant, TenantCreate, TenantPatch, TokenCreate
 
@@ -34,12 +34,19 @@ tenants_app = typer.Typer(help="Tenants and their caps (monthly budget, GPUs).",
 def tokens_create(
     ctx: typer.Context,
     tenant: Annotated[str, typer.Option("--tenant", help="Tenant the token acts for (created if new).")],
-    role: Annotated[Role, typer.Option("--role", help="user: its own jobs; admin: everything.")] = Role.user,
+    role: Annotated[Role, typer.Option(
+        "--role", help="user: its tenant's jobs; admin: everything; metrics: GET /metrics only (a scraper).",
+    )] = Role.user,
     label: Annotated[str, typer.Option("--label", help="A note to tell tokens apart.")] = "",
+    json_out: Annotated[bool, typer.Option("--json", help="Print the token's record and the token as JSON.")] = False,
 ) -> None:
     """Create a token. The token is shown once, alone on the last line; only its hash is stored."""
     body = validated(TokenCreate, tenant=tenant, role=role, label=label)  # the rules of POST /v1/tokens
-    info, plaintext = with_service(get_ctx(ctx), lambda svc: svc.create_token(body))
+    info, plaintext = with_store_or_server(get_ctx(ctx), lambda svc: svc.create_token(body),
+                                           lambda remote: remote.create_token(body))
+    if json_out:
+        render.print_json(info.model_dump(mode="json") | {"token": plaintext})
+        return
     typer.echo(f"created token {info.id} for tenant {info.tenant} (role {info.role.value})")
     typer.echo(plaintext)
 
@@ -51,7 +58,8 @@ def tokens_list(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List tokens (ids, tenants, roles; never the secrets)."""
-    tokens = with_service(get_ctx(ctx), lambda svc: svc.list_tokens(tenant))
+    tokens = with_store_or_server(get_ctx(ctx), lambda svc: svc.list_tokens(tenant),
+                                  lambda remote: remote.list_tokens(tenant))
     if json_out:
         render.print_json(tokens)
         return
@@ -65,11 +73,18 @@ def tokens_list(
 
 
 @tokens_app.command("revoke")
-def tokens_revoke(ctx: typer.Context,
-                  token_id: Annotated[str, typer.Argument(help="Token id (tok_...).")]) -> None:
+def tokens_revoke(
+    ctx: typer.Context,
+    token_id: Annotated[str, typer.Argument(help="Token id (tok_...).")],
+    json_out: Annotated[bool, typer.Option("--json", help='Print {"revoked": ID} as JSON.')] = False,
+) -> None:
     """Revoke a token: the server refuses it from then on (within its short verification cache)."""
-    with_service(get_ctx(ctx), lambda svc: svc.revoke_token(token_id))
-    typer.echo(f"revoked {token_id}")
+    with_store_or_server(get_ctx(ctx), lambda svc: svc.revoke_token(token_id),
+                         lambda remote: remote.revoke_token(token_id))
+    if json_out:
+        render.print_json({"revoked": token_id})
+    else:
+        typer.echo(f"revoked {token_id}")
 
 
 # --------------------------------------------------------------------------- tenants
@@ -91,11 +106,13 @@ def tenants_create(
     name: Annotated[str, typer.Argument(help="Tenant name (letters, digits, . _ -).")],
     budget: Annotated[float | None, typer.Option("--budget", min=0, help="Monthly budget, USD.")] = None,
     max_gpus: Annotated[int | None, typer.Option("--max-gpus", min=0, help="GPUs held at once.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the tenant as JSON.")] = False,
 ) -> None:
     """Create a tenant."""
     body = validated(TenantCreate, name=name, monthly_budget_usd=budget, max_gpus=max_gpus)
-    tenant = with_service(get_ctx(ctx), lambda svc: svc.create_tenant(body))
-    _tenants_table([tenant])
+    tenant = with_store_or_server(get_ctx(ctx), lambda svc: svc.create_tenant(body),
+                                  lambda remote: remote.create_tenant(body))
+    render.emit(tenant, json_out, lambda t: _tenants_table([t]))
 
 
 @tenants_app.command("list")
@@ -104,7 +121,8 @@ def tenants_list(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List tenants and their caps."""
-    tenants = with_service(get_ctx(ctx), lambda svc: svc.list_tenants())
+    tenants = with_store_or_server(get_ctx(ctx), lambda svc: svc.list_tenants(),
+                                   lambda remote: remote.list_tenants())
     if json_out:
         render.print_json(tenants)
     else:
@@ -118,6 +136,7 @@ def tenants_set_budget(
     monthly_usd: Annotated[float | None, typer.Option("--monthly-usd", min=0, help="USD a month.")] = None,
     max_gpus: Annotated[int | None, typer.Option("--max-gpus", min=0, help="GPUs held at once.")] = None,
     clear: Annotated[bool, typer.Option("--clear", help="Remove both caps.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the tenant as JSON.")] = False,
 ) -> None:
     """Set a tenant's monthly budget and/or GPU cap (the router enforces them at placement)."""
     fields: dict[str, float | int | None] = {}
@@ -130,8 +149,9 @@ def tenants_set_budget(
     if not fields:
         raise SpecError("", "give --monthly-usd, --max-gpus or --clear")
     patch = validated(TenantPatch, **fields)
-    tenant = with_service(get_ctx(ctx), lambda svc: svc.update_tenant(name, patch))
-    _tenants_table([tenant])
+    tenant = with_store_or_server(get_ctx(ctx), lambda svc: svc.update_tenant(name, patch),
+                                  lambda remote: remote.update_tenant(name, patch))
+    render.emit(tenant, json_out, lambda t: _tenants_table([t]))
 
 
 # --------------------------------------------------------------------------- serve
@@ -147,12 +167,18 @@ def serve(
 ) -> None:
     """Run the HTTP API and the broker's background loops until stopped (Ctrl-C / SIGTERM)."""
     from broker.api import serve as run_api
+    from broker.cli.progress import Progress
 
-    settings = get_ctx(ctx).settings
+    c = get_ctx(ctx)
+    local_only(c, "serve")
+    settings = c.settings
     logging.getLogger().setLevel(settings.log_level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # On stderr until it listens: opening and migrating the store, reconciling jobs with the providers.
+    progress = Progress("starting: opening the store, reconciling jobs with the providers")
 
     def ready(url: str) -> None:
+        progress.done()
         # One line on stdout that scripts (and the benchmark) wait for.
         print(f"lockstep: serving on {url}", flush=True)
 
@@ -167,4 +193,6 @@ def serve(
                             ready=ready))
     except KeyboardInterrupt:
         sys.exit(0)
+    finally:
+        progress.done()
 

@@ -83,7 +83,7 @@ app = typer.Typer(
     cls=LazyGroup,
     help="Lockstep: submit a GPU job once, run it where it is cheapest for that job.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
     # The root's help is click's plain text: rich (and its markdown parser) would cost `lockstep --help`
     # a third of its start-up. Each command's own --help keeps typer's rich layout.
@@ -114,6 +114,23 @@ class Context:
         return self._settings
 
 
+def version() -> str:
+    """The installed package's version (the source tree's when it runs uninstalled)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("lockstep")
+    except PackageNotFoundError:  # pragma: no cover - a checkout on PYTHONPATH without an install
+        return "0+unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"lockstep {version()}")
+        raise typer.Exit(0)
+
+
 def db_url_from(value: str) -> str:
     """--db accepts a URL or a plain file path (SQLite)."""
     return value if "://" in value else f"sqlite:///{os.path.abspath(value)}"
@@ -132,6 +149,8 @@ def _root(
                                               help="Bearer token for --server.")] = None,
     log_format: Annotated[LogFormat, typer.Option("--log-format", envvar="LOCKSTEP_LOG_FORMAT",
                                                   help="Log lines as text or JSON lines.")] = "text",
+    _version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                           help="Print the version and exit.")] = False,
 ) -> None:
     logconfig.configure(log_format)
     ctx.obj = Context(config_file=config, db=db_url_from(db) if db else None, server=server, token=token)

@@ -17,6 +17,7 @@ from broker.cli.app import Context
 from broker.models import GpuSummary, Job, JobState, Offer, Quote
 
 if TYPE_CHECKING:
+    from broker.client import RemoteBackend
     from broker.service import Lockstep
     from policies.offers import OfferFilter
 
@@ -75,6 +76,35 @@ def with_service(ctx: Context, fn: Callable[[Lockstep], Awaitable[T]], *, market
             await svc.aclose()
 
     return asyncio.run(run())
+
+
+def with_store_or_server(ctx: Context, local: Callable[[Lockstep], Awaitable[T]],
+                         remote: Callable[[RemoteBackend], Awaitable[T]]) -> T:
+    """Run ``remote`` on the server when there is one (``--server``/LOCKSTEP_SERVER), else ``local`` on the
+    local store's service: commands that exist both ways (tokens, tenants, price history)."""
+    if not ctx.server:
+        return with_service(ctx, local)
+    from broker.client import RemoteBackend
+
+    async def run() -> T:
+        backend = RemoteBackend(ctx.server or "", ctx.token)
+        try:
+            return await remote(backend)
+        finally:
+            await backend.aclose()
+
+    return asyncio.run(run())
+
+
+def local_only(ctx: Context, command: str) -> None:
+    """Refuse a server for a command that works only here, on the local store or this machine's providers:
+    one line, exit 2, rather than silently answering from a store that is not the server's."""
+    if ctx.server:
+        from broker.errors import SpecError
+
+        raise SpecError("--server", f"`lockstep {command}` works on the local store only, not through a "
+                                    "server; run it where the server's store is, without --server or "
+                                    "LOCKSTEP_SERVER")
 
 
 def validated(model: type[M], **fields: Any) -> M:

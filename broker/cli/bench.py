@@ -152,7 +152,10 @@ def probe_command(
 
     Host and disk always; GPUs, NCCL and ECC when PyTorch and CUDA are present.
     """
-    doc = run_probe(quick=quick, disk_dir=disk_dir)
+    from broker.cli.progress import working
+
+    with working("measuring this node: host, disk" + ("" if quick else " (minutes)") + ", GPUs and NCCL if present"):
+        doc = run_probe(quick=quick, disk_dir=disk_dir)
     if json_out:
         typer.echo(json.dumps(doc, indent=2))
     else:

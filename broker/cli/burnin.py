@@ -17,6 +17,7 @@ from rich.table import Table
 
 from broker import burnin
 from broker.cli.app import get_ctx
+from broker.cli.backend import local_only
 from broker.cli.bench import read_text
 from broker.cli.render import console
 from broker.config import Settings
@@ -115,11 +116,16 @@ def burnin_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the stored benchmark as JSON.")] = False,
 ) -> None:
     """Burn a node in: run the probe there as a batch job, store the result, drain the node if unhealthy."""
-    settings = get_ctx(ctx).settings
+    from broker.cli.progress import working
+
+    c = get_ctx(ctx)
+    local_only(c, "burnin")
+    settings = c.settings
     if not configured(settings, provider):
         _fail(f"--provider {provider}: not configured (set LOCKSTEP_SLURM_URL and LOCKSTEP_SLURM_TOKEN)")
-    b = _run(settings, provider,
-             lambda svc: burnin.burn_in(svc.burnin, provider, node, quick=not full, timeout_s=timeout))
+    with working(f"burning in {provider}/{node}: the probe runs there as a batch job (up to {timeout:g} s)"):
+        b = _run(settings, provider,
+                 lambda svc: burnin.burn_in(svc.burnin, provider, node, quick=not full, timeout_s=timeout))
     if json_out:
         typer.echo(json.dumps(_doc(b), indent=2))
         return
@@ -139,6 +145,7 @@ def record_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the stored benchmark as JSON.")] = False,
 ) -> None:
     """Store a benchmark, judged by the health gates; an unhealthy node leaves the pool (and is drained)."""
+    local_only(get_ctx(ctx), "bench record")
     fab = _fabric(fabric)
     text = read_text(file)
     try:
@@ -161,6 +168,7 @@ def list_command(
     json_out: Annotated[bool, typer.Option("--json", help="JSON: {benchmarks: [...], unhealthy: [...]}.")] = False,
 ) -> None:
     """Stored benchmarks (latest per provider and target) and the nodes out of the pool."""
+    local_only(get_ctx(ctx), "bench list")
     settings = get_ctx(ctx).settings
     benches, unhealthy = _run(
         settings, None,
@@ -182,10 +190,15 @@ def resume_command(
     ctx: typer.Context,
     node: Annotated[str, typer.Argument(help="Node to put back in the pool.")],
     provider: Annotated[str, typer.Option("--provider", help="Provider the node belongs to.")] = "slurm",
+    json_out: Annotated[bool, typer.Option("--json", help='Print {"provider", "node", "healthy": true}.')] = False,
 ) -> None:
     """Put a node back: healthy in the store, resumed at its provider (after a repair and a new burn-in)."""
+    local_only(get_ctx(ctx), "bench resume")
     settings = get_ctx(ctx).settings
     _run(settings, provider, lambda svc: burnin.resume_node(svc.burnin, provider, node))
+    if json_out:
+        typer.echo(json.dumps({"provider": provider, "node": node, "healthy": True}, indent=2))
+        return
     console.print(f"{provider}/{node}: back in the pool")
 
 

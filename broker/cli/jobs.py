@@ -27,14 +27,20 @@ def submit(
     spec = load_spec(job)
     c = get_ctx(ctx)
 
+    warning = ""
+
     async def run(backend: Backend) -> Job:
+        nonlocal warning
         j = await backend.submit(spec.model_dump(mode="json"), idempotency_key)
+        warning = str(j.decision.get("warning") or "")  # a placement below may replace the decision
         if place and not c.server:
             await backend.place([j.id])
             j = await backend.status(j.id)
         return j
 
     j = with_backend(c, run, need_store=True)
+    if warning:
+        typer.echo(warning, err=True)  # on stderr, so `--json` output and the printed id stay parseable
     if json_out:
         render.print_json(j)
     else:

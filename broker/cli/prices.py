@@ -18,11 +18,12 @@ from rich.table import Table
 
 from broker.cli import render
 from broker.cli.app import get_ctx
-from broker.cli.backend import validated, with_service
+from broker.cli.backend import local_only, validated, with_service, with_store_or_server
 from broker.errors import SpecError
 from broker.models import PriceFilter, PriceSeries, SeriesKey, as_utc, parse_duration, utcnow
 
 if TYPE_CHECKING:
+    from broker.client import RemoteBackend
     from broker.service import Lockstep
     from broker.service.prices import Replay
     from policies.spikes import Spike
@@ -172,13 +173,23 @@ def history(
     start = parse_since(since, now)
     f = validated(PriceFilter, gpu=gpu, provider=provider, zone=zone, since=start, stat=stat)
 
-    async def read(svc: Lockstep) -> tuple[list[PriceSeries], dict[SeriesKey, list[Spike]]]:
-        series = await svc.price_series(f)
+    def watched(series: list[PriceSeries]) -> list[PriceSeries]:
         if stat is None:  # by default the stats the spike rule watches: prices and marketplace medians
             series = [s for s in series if s.stat in SPIKE_STATS]
+        return series
+
+    async def read(svc: Lockstep) -> tuple[list[PriceSeries], dict[SeriesKey, list[Spike]]]:
+        series = watched(await svc.price_series(f))
         return series, svc.spikes(series)
 
-    series, spikes = with_service(get_ctx(ctx), read)
+    async def read_remote(remote: RemoteBackend) -> tuple[list[PriceSeries], dict[SeriesKey, list[Spike]]]:
+        from broker.service.prices import series_spikes
+
+        series = watched(await remote.price_series(f))  # GET /v1/prices/series; spikes by this config's rule
+        return series, series_spikes(series, c.settings.tracker)
+
+    c = get_ctx(ctx)
+    series, spikes = with_store_or_server(c, read, read_remote)
     if png:
         write_png(png, series, spikes, now, f"{gpu or 'all GPUs'}: price since {start:%Y-%m-%d %H:%M} UTC")
     if json_out:
@@ -241,6 +252,7 @@ def alerts(
     json_out: Annotated[bool, typer.Option("--json", help="Print alerts as JSON.")] = False,
 ) -> None:
     """Price spikes the tracker flagged, newest first."""
+    local_only(get_ctx(ctx), "prices alerts")
     start = parse_since(since, utcnow()) if since else None
     rows = [_alert_row(a) for a in with_service(get_ctx(ctx), lambda svc: svc.alerts(open_only, start))]
     if json_out:
@@ -287,6 +299,10 @@ def track(
 
     Exit code 1 when every market failed in a --once run.
     """
+    from broker.cli.progress import working
+
+    c = get_ctx(ctx)
+    local_only(c, "prices track")
     logging.getLogger("broker.tracker").setLevel(logging.INFO)
 
     async def run(svc: Lockstep) -> Any:
@@ -299,7 +315,10 @@ def track(
         await svc.track_until(stop)
         return None
 
-    report = with_service(get_ctx(ctx), run, markets=True, only=provider)
+    what = ("polling the markets and storing their prices" if once else
+            f"tracking prices every {c.settings.tracker.interval_s:g} s (Ctrl-C to stop)")
+    with working(what):  # on stderr: the report below (or --json) is all stdout carries
+        report = with_service(c, run, markets=True, only=provider)
     if report is None:
         return
     if json_out:

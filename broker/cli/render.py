@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from broker.models import Job, Offer, Quote
+from broker.models import Job, Offer, Quote, source_label, utcnow
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -70,16 +70,20 @@ def quote_table(q: Quote, explain: bool = False) -> None:
         f" — {len(q.options)} option(s) shown of {q.offers_considered} offers"
     )
     t = _table(show_lines=False)
-    for col in ("#", "provider", "market", "sku", "region/zone", "nodes×GPUs", "fabric", "$/h", "hours",
-                "job cost"):
+    for col in ("#", "provider", "market", "sku", "region/zone", "nodes×GPUs", "fabric", "$/h", "price from",
+                "hours", "job cost"):
         t.add_column(col, justify="right" if col in ("#", "$/h", "hours", "job cost") else "left")
     for i, o in enumerate(q.options, 1):
         where = o.region + (f"/{o.zone}" if o.zone else "") + (f" [{o.cluster}]" if o.cluster else "")
         fabric = f"{o.fabric.value} {o.fabric_gbps:g}G" if o.fabric_gbps else o.fabric.value
         t.add_row(str(i), o.provider, o.market.value + (" (stale)" if o.stale else ""), o.sku, where,
                   f"{o.nodes}×{o.gpus_per_node} {o.gpu}", fabric, _money(o.usd_per_hour),
-                  f"{o.expected_hours:,.1f}", _money(o.expected_cost_usd))
+                  o.source_label or o.source.value, f"{o.expected_hours:,.1f}", _money(o.expected_cost_usd))
     _get_console().print(t)
+    snapshot_only = sorted(m for m, by in q.feasible_sources.items() if set(by) == {"snapshot"})
+    if snapshot_only:
+        _get_console().print(f"{', '.join(snapshot_only)}: prices from the bundled snapshot only, not a live market "
+                      "(see `lockstep submit` and docs/catalog.md)")
     if q.options and q.options[0].breakdown:
         b = q.options[0].breakdown
         _get_console().print(
@@ -125,8 +129,9 @@ def infeasible_reasons(q: Quote) -> str:
 def offers_table(offers: list[Offer]) -> None:
     t = _table()
     for col in ("provider", "market", "sku", "GPU", "GPUs", "mem GB", "fabric", "max nodes", "region/zone",
-                "$/h", "$/GPU-h", "note"):
+                "$/h", "$/GPU-h", "price from", "note"):
         t.add_column(col, justify="right" if col in ("GPUs", "mem GB", "$/h", "$/GPU-h", "max nodes") else "left")
+    now = utcnow()
     for o in offers:
         note = []
         if o.stale:
@@ -139,7 +144,8 @@ def offers_table(offers: list[Offer]) -> None:
             o.network.fabric.value
         t.add_row(o.provider, o.market.value, o.sku, o.gpu, str(o.gpu_count), f"{o.gpu_memory_gb:g}", fabric,
                   str(o.max_nodes), o.locality.region + (f"/{o.locality.zone}" if o.locality.zone else ""),
-                  _money(o.usd_per_hour), _money(o.usd_per_gpu_hour), ", ".join(note))
+                  _money(o.usd_per_hour), _money(o.usd_per_gpu_hour), source_label(o.source, o.observed_at, now),
+                  ", ".join(note))
     _get_console().print(t)
     _get_console().print(f"{len(offers)} offer(s)")
 

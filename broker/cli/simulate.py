@@ -16,6 +16,7 @@ from rich.table import Table
 
 from broker.advise import Advice, advise, catalog_prices, usage_from_history, usage_from_pods
 from broker.cli.app import get_ctx
+from broker.cli.backend import local_only
 from broker.cli.render import console, emit
 from broker.config import Settings
 from broker.errors import SpecError
@@ -39,8 +40,7 @@ def deadline(
     changeover_hours: Annotated[float, typer.Option("--changeover-hours", help="Delay of every (re)start, hours.")],
     spot_price: Annotated[float, typer.Option("--spot-price", help="Spot USD per hour.")],
     ondemand_price: Annotated[float, typer.Option("--ondemand-price", help="On-demand USD per hour.")],
-    policy: Annotated[str, typer.Option("--policy", help="ondemand | greedy | uniform-progress | lockstep | "
-                                                         "lockstep-today | optimal")],
+    policy: Annotated[str, typer.Option("--policy", help="ondemand | greedy | uniform-progress | lockstep | optimal")],
     start_hour: Annotated[float, typer.Option("--start-hour", help="Submission, hours into the trace.")] = 0.0,
     json_out: JsonOpt = False,
 ) -> None:
@@ -116,6 +116,8 @@ def advise_command(
         raise SpecError("--from-history", "give exactly one of --from-history and --pods")
     if gpus_per_node < 1:
         raise SpecError("--gpus-per-node", f"must be at least 1, not {gpus_per_node}")
+    if from_history:
+        local_only(get_ctx(ctx), "advise --from-history")
     settings = get_ctx(ctx).settings
     usage = usage_from_pods(load_pods(pods)) if pods is not None else _history(settings, since_days)
     result = advise(usage, catalog_prices(_gpu(gpu), gpus_per_node), settings.slurm.owned, gpus_per_node)

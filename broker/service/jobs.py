@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+import time
+from datetime import datetime
 
-from broker.errors import ProviderError
-from broker.models import TERMINAL_STATES, Allocation, AllocationState, Job, JobSpec, JobState
+from broker.errors import NoFeasibleOption, ProviderError
+from broker.models import TERMINAL_STATES, Allocation, AllocationState, Job, JobSpec, JobState, OfferSource
 from broker.service.runtime import Runtime, new_job_id
+from providers.registry import how_to_enable
 
 MAX_HINTS = 100_000  # job ids kept for the placement loop's quick passes (broker/loops.py)
+SOURCES_REUSE_S = 1.0  # how long a spec's feasible price sources on one book are reused (snapshot warning)
 
 log = logging.getLogger(__name__)
 
@@ -27,14 +31,71 @@ class JobsService(Runtime):
         that ``submit`` drops.
         """
         now = self.clock()
+        warning = await self.snapshot_only_warning(spec, now)
         job = Job(id=new_job_id(), tenant=tenant, spec=spec, deadline=spec.deadline_at(now), created_at=now,
-                  updated_at=now)
+                  updated_at=now, reason=warning, decision={"warning": warning} if warning else {})
+        if warning:
+            log.warning("job %s (%s): %s", job.id, spec.name, warning)
         job, created = await self._submissions.write(job, idempotency_key)
         if created:
             if len(self.submitted_ids) < MAX_HINTS:
                 self.submitted_ids.add(job.id)
             self.job_submitted.set()
         return job, created
+
+    async def snapshot_only_warning(self, spec: JobSpec, now: datetime) -> str:
+        """'' unless every option that fits ``spec`` now is a snapshot price; then a warning naming what to
+        configure (or why a configured market is not live), or — with ``broker.snapshot_only_jobs: refuse``
+        and no market configured that could run it — NoFeasibleOption.
+
+        A job nothing fits at all is accepted as before: the placement loop says why it waits."""
+        from policies.ranking import quote as rank_quote
+
+        await self.ensure_offers()
+        book = self.market.book(unhealthy_hosts=await self.unhealthy_nodes(),
+                                preemption_rates=self.preemption_rates())
+        # One ranking per spec and book a second, not one per submission: a burst of one spec (a sweep,
+        # a retrying client) pays for it once (the same reuse as the API's quotes, broker/service/offers.py).
+        if self._sources_book is not book:
+            self._sources.clear()
+            self._sources_book = book
+        key = spec.model_dump_json()
+        t = time.monotonic()
+        hit = self._sources.get(key)
+        if hit is not None and hit[0] > t:
+            by_market = hit[1]
+        else:
+            by_market = rank_quote(book, spec, now=now, top=1, max_rejected=0).feasible_sources
+            if len(self._sources) >= 512:
+                self._sources.clear()
+            self._sources[key] = (t + SOURCES_REUSE_S, by_market)
+        snapshot = OfferSource.snapshot.value
+        if not by_market or any(src != snapshot for counts in by_market.values() for src in counts):
+            return ""
+        markets = sorted(by_market)
+        rows = sum(sum(c.values()) for c in by_market.values())
+        missing = [m for m in markets if self.market.launcher(m) is None]
+        configure = "; ".join(f"{m}: {how_to_enable(m) or 'not a market Lockstep launches on'}" for m in missing)
+        health = self.market.health()
+        why = []
+        for m in markets:
+            h = health.get(m)
+            if m in missing or h is None:
+                continue
+            if not h.ok:
+                why.append(f"{m} did not answer its last refresh ({h.last_error or h.circuit.reason or 'no answer'})")
+            else:
+                why.append(f"{m}: " + ("; ".join(h.notes) or "no live offer of it fits"))
+        if len(missing) == len(markets) and self.settings.broker.snapshot_only_jobs == "refuse":
+            raise NoFeasibleOption(
+                f"{spec.name}: all {rows} offers that fit are rows of the bundled price snapshot "
+                f"({', '.join(markets)}), which prices jobs but runs none, and no market that could run it is "
+                f"configured; configure one — {configure} (`lockstep quote` shows what it would cost)",
+                {"snapshot_only": rows})
+        lines = [f"every option that fits is a snapshot price ({', '.join(markets)}), not a live market's", *why]
+        if missing:
+            lines.append(f"not configured, so it cannot run there — {configure}")
+        return "warning: " + "; ".join(lines)
 
     async def list_jobs(self, *, tenant: str | None = None, states: list[JobState] | None = None, limit: int = 50,
                         cursor: str | None = None) -> tuple[list[Job], str | None]:

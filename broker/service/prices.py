@@ -36,6 +36,18 @@ class Replay:
     spikes: list[dict[str, Any]]
 
 
+def series_spikes(series: list[PriceSeries], tracker: Any) -> dict[SeriesKey, list[Spike]]:
+    """The spikes in each series by the tracker's rule and settings (``tracker``: the ``tracker`` section);
+    none in a series the tracker does not watch (owned and reserved rates, a marketplace's min and p10)."""
+    from policies.spikes import detect_spikes, watched
+
+    return {
+        s.key: detect_spikes(list(zip(s.at, s.usd_per_hour, strict=True)), tracker.spike_multiple,
+                             tracker.clear_multiple, tracker.window) if watched(s.market.value, s.stat) else []
+        for s in series
+    }
+
+
 class PricesService(Runtime):
     async def price_history(self, f: PriceFilter) -> list[PricePoint]:
         """Stored points matching ``f``, oldest first; ``f.limit`` keeps the newest."""
@@ -49,16 +61,8 @@ class PricesService(Runtime):
         return await self.db(self.store.price_series, f)
 
     def spikes(self, series: list[PriceSeries]) -> dict[SeriesKey, list[Spike]]:
-        """The spikes in each series by the tracker's rule and settings; none in a series the tracker
-        does not watch (owned and reserved rates, a marketplace's min and p10)."""
-        from policies.spikes import detect_spikes, watched
-
-        t = self.settings.tracker
-        return {
-            s.key: detect_spikes(list(zip(s.at, s.usd_per_hour, strict=True)), t.spike_multiple, t.clear_multiple,
-                                 t.window) if watched(s.market.value, s.stat) else []
-            for s in series
-        }
+        """The spikes in each series by the tracker's rule and settings (see :func:`series_spikes`)."""
+        return series_spikes(series, self.settings.tracker)
 
     async def alerts(self, open_only: bool = False, since: datetime | None = None) -> list[dict[str, Any]]:
         """The spikes the tracker flagged, newest first (see ``Store.alerts``)."""

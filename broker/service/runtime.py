@@ -116,6 +116,8 @@ class Runtime:
         # The API's quotes as JSON, reused briefly on the same book (OffersService.quote_json).
         self._quote_texts: dict[tuple[str, int, int | None], tuple[float, str]] = {}
         self._quote_book: object = None  # the book those quotes were ranked on
+        self._sources: dict[str, tuple[float, dict[str, dict[str, int]]]] = {}  # spec → feasible price sources
+        self._sources_book: object = None
 
     # ------------------------------------------------------------------ plumbing
     @property

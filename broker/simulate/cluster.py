@@ -358,9 +358,9 @@ class Cluster:
                              deadline=EPOCH + timedelta(hours=job.deadline), done_hours=done,
                              spot_market=self.spot_market(job, now), restart_minutes=self.cfg.restart_minutes,
                              decision_interval_hours=self.spot.gap_h)
-            if move.allow_spot and self.spot.up(now):
+            if move.allow_spot:  # break before make, as the broker's rebalance step: placed again at once
                 self.cloud_end(job, now, finished=False)
-                self.launch_cloud(job, "spot", now)
+                self.place(job, now)
         if self.waiting or any(j.running == "on_demand" and j.interruptible for j in self.cloud_running.values()):
             self.want_tick(now)
 

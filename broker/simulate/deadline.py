@@ -24,15 +24,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import IntEnum
-from typing import Any, Protocol, TypedDict
+from typing import Any, Protocol
 
 import numpy as np
 
 from broker.errors import SpecError
 from broker.models import Fabric, JobSpec, Market, QuoteOption, Workload
 from broker.simulate.traces import SpotTrace
-from policies.placement import candidates, decide, rebalance
-from policies.risk import DEFAULT_PREEMPTIONS_PER_HOUR, trace_preemption_rate
+from policies.placement import Decision, Situation, candidates, decide, rebalance
 from policies.spot import SpotMarket, availability_model, current_run, model_span, plan_step_hours
 
 
@@ -331,38 +330,33 @@ def _launch(cands: list[QuoteOption], available: bool) -> Mode:
     return Mode.idle  # every try failed: the job stays pending until the next pass
 
 
-class _Situation(TypedDict):
-    """The arguments decide() and rebalance() share: where the job stands at this step."""
-
-    now: datetime
-    deadline: datetime | None
-    done_hours: float
-    spot_market: SpotMarket | None
-    restart_minutes: float
-    decision_interval_hours: float
-
-
 class Lockstep:
-    """The broker's policy, through the same pure functions the live broker calls.
+    """The broker's policy, through the same pure functions the live broker calls, at the same decision points.
 
-    Decision points, as in the broker: a job waiting to be placed (at submission, after a
-    preemption, and at every retry while it waits) goes through ``policies.placement.decide``
-    and ``candidates``, launched in order (spot fails when the trace has none); a job running on
-    on-demand is offered ``policies.placement.rebalance`` at every tick (move to spot if the
-    plan says so and spot can be had); a running spot instance runs until the trace takes it.
+    - A job waiting to be placed (at submission, after a preemption or a rebalance, and at every
+      retry while it waits) goes through ``policies.placement.decide`` and ``candidates``,
+      launched in order (spot fails when the trace has none) — the router's placement
+      (``Router.place``).
+    - A job running on on-demand is offered ``policies.placement.rebalance`` at every tick — the
+      broker's rebalance step (``BrokerLoops.rebalance_running``); a move is break before make:
+      the on-demand instance is given up and the job placed again at once (``decide``).
+    - A running spot instance runs until the trace takes it.
 
-    Inputs, as the broker would pass them: the progress kept (``done_hours``), the market model
-    from the availability history before the job's submission (``history``: the week before it,
-    ``policies.spot.model_span``; none: the prior alone), the present of
-    that market (up or down, since when: from the same series up to now), the changeover as the
-    restart time, and the tick as the decision interval.
+    Inputs, as the broker passes them (``Router.situation``): the progress kept (``done_hours``),
+    the market from ``policies.spot`` — its model from the availability history before the job's
+    submission (``history``: the week before it, ``policies.spot.model_span``; none: the prior
+    alone), its present (up or down, since when) from the same series up to now — the
+    changeover as the restart time, and the tick as the decision interval.
     """
 
     name = "lockstep"
 
-    def __init__(self, history: np.ndarray | Sequence[bool] = (), gap: int | None = None) -> None:
+    def __init__(self, history: np.ndarray | Sequence[bool] = (), gap: int | None = None, *,
+                 record: bool = False) -> None:
         self.history = np.asarray(history, dtype=bool)
         self.history_gap = gap
+        # record: keep every call — (tick, "decide" or "rebalance", its situation, its decision) — for tests
+        self.calls: list[tuple[int, str, Situation, Decision]] | None = [] if record else None
 
     def start(self, job: JobSeconds, gap: int) -> None:
         self.job, self.gap = job, gap
@@ -378,57 +372,34 @@ class Lockstep:
 
     def _market(self, available: bool) -> SpotMarket:
         # the series now ends with this tick: up or down, and for how many ticks before it
+        # (what policies.spot.spot_market computes from the whole series, kept incrementally)
         if available == self.up and self.run_ticks:
             self.run_ticks += 1
         else:
             self.up, self.run_ticks = available, 1
         return SpotMarket(self.model, self.up, (self.run_ticks - 1) * self.gap / 3600.0)
 
+    def situation(self, step: Step, market: SpotMarket) -> Situation:
+        return Situation(now=EPOCH + timedelta(seconds=step.elapsed),
+                         deadline=EPOCH + timedelta(seconds=self.job.deadline), done_hours=step.done / 3600.0,
+                         spot_market=market, restart_minutes=self.restart_minutes,
+                         decision_interval_hours=self.gap / 3600.0)
+
     def act(self, step: Step) -> Mode:
         market = self._market(step.available)
         if step.mode is Mode.spot:
             return Mode.spot
-        now = EPOCH + timedelta(seconds=step.elapsed)
-        deadline = EPOCH + timedelta(seconds=self.job.deadline)
-        common = _Situation(now=now, deadline=deadline, done_hours=step.done / 3600.0, spot_market=market,
-                            restart_minutes=self.restart_minutes, decision_interval_hours=self.gap / 3600.0)
+        situation = self.situation(step, market)
         if step.mode is Mode.on_demand:
-            move = rebalance(self.spec, self.options, **common)
-            return Mode.spot if move.allow_spot and step.available else Mode.on_demand
-        decision = decide(self.spec, self.options, max_queue_wait_hours=4.0, **common)
-        return _launch(candidates(self.options, decision), step.available)
-
-
-class LockstepToday:
-    """The broker's policy exactly as the live broker calls it before the planning hooks are wired.
-
-    At placement and after each preemption: ``decide`` with no progress (the whole job's
-    on-demand hours), no market history, and ``preemptions_per_hour`` from the trace's history
-    before submission (``policies.risk.trace_preemption_rate``; the default rate without one);
-    the router then tries spot first when allowed and falls back to on-demand. A running job is
-    never re-decided.
-    """
-
-    name = "lockstep-today"
-
-    def __init__(self, history: np.ndarray | Sequence[bool] = (), gap: int | None = None) -> None:
-        self.history = np.asarray(history, dtype=bool)
-
-    def start(self, job: JobSeconds, gap: int) -> None:
-        self.job, self.spec, self.options = job, _sim_spec(job), _options(job)
-        rate = DEFAULT_PREEMPTIONS_PER_HOUR
-        if len(self.history) > 1:
-            series = {"metadata": {"gap_seconds": gap}, "data": self.history.astype(int).tolist()}
-            observed = trace_preemption_rate(series)
-            rate = observed.per_hour if observed.instance_hours > 0 else rate
-        self.rate = rate
-
-    def act(self, step: Step) -> Mode:
-        if step.mode is not Mode.idle:
-            return step.mode
-        decision = decide(self.spec, self.options, now=EPOCH + timedelta(seconds=step.elapsed),
-                          deadline=EPOCH + timedelta(seconds=self.job.deadline), max_queue_wait_hours=4.0,
-                          preemptions_per_hour=self.rate)
+            move = rebalance(self.spec, self.options, **situation)
+            if self.calls is not None:
+                self.calls.append((step.tick, "rebalance", situation, move))
+            if not move.allow_spot:
+                return Mode.on_demand
+            # released: placed again at once, as a pending job
+        decision = decide(self.spec, self.options, max_queue_wait_hours=4.0, **situation)
+        if self.calls is not None:
+            self.calls.append((step.tick, "decide", situation, decision))
         return _launch(candidates(self.options, decision), step.available)
 
 
@@ -569,8 +540,6 @@ def make_policy(name: str, history: np.ndarray | Sequence[bool] = (), gap: int |
     """A fresh policy by name; ``history``: the trace before the job's submission (what lockstep learns from)."""
     if name == "lockstep":
         return Lockstep(history, gap)
-    if name == "lockstep-today":
-        return LockstepToday(history, gap)
     return POLICIES[name]()
 
 
@@ -579,7 +548,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "greedy": Greedy,
     "uniform-progress": UniformProgress,
 }
-POLICY_NAMES = ("ondemand", "greedy", "uniform-progress", "lockstep", "lockstep-today", "optimal")
+POLICY_NAMES = ("ondemand", "greedy", "uniform-progress", "lockstep", "optimal")
 
 
 def run_deadline(trace: SpotTrace, job: DeadlineJob, policy: str, start_hour: float = 0.0) -> DeadlineResult:

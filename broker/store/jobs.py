@@ -538,6 +538,13 @@ class JobStore(Database):
         with self._tx(write=False) as conn:
             return {r[0] for r in conn.execute(q)}
 
+    def provider_allocations(self, provider: str, since: datetime) -> list[Allocation]:
+        """``provider``'s allocations changed at ``since`` or later, oldest first (what a market's history reads)."""
+        q = (sa.select(ALLOCS).where(ALLOCS.c.provider == provider).where(ALLOCS.c.updated_at >= since)
+             .order_by(ALLOCS.c.created_at, ALLOCS.c.id))
+        with self._tx(write=False) as conn:
+            return [_alloc(r) for r in conn.execute(q)]
+
     def live_allocations(self) -> list[Allocation]:
         """Allocations that may still hold provider resources: intent, pending, running or unknown."""
         return self.allocations(states=list(LIVE_STATES))

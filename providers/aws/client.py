@@ -39,7 +39,7 @@ def chunks(items: list[str], size: int = CHUNK) -> Iterable[list[str]]:
 class _Service:
     """One AWS service in any region, for one adapter (``provider`` names it in errors)."""
 
-    service: Literal["ec2", "s3"]
+    service: Literal["ec2", "s3", "pricing"]
 
     def __init__(self, config: AwsConfig, *, provider: str = "aws", session: AioSession | None = None,
                  endpoint_url: str | None = None, boto: dict[str, Any] | None = None) -> None:
@@ -145,7 +145,7 @@ class S3Client(_Service):
         super().__init__(config, provider=provider, session=session, endpoint_url=config.s3_endpoint_url,
                          boto={"signature_version": "s3v4"})
         self.bucket = config.runtime_bucket
-        self.region = config.runtime_region or config.regions[0]
+        self.region = config.home_region
 
     async def put(self, key: str, body: bytes, content_type: str) -> None:
         await self.request(self.region, "put_object", Bucket=self.bucket, Key=key, Body=body, ContentType=content_type)
@@ -191,3 +191,26 @@ class S3Client(_Service):
             method, Params={"Bucket": bucket or self.bucket, "Key": key}, ExpiresIn=int(expires_s)
         )
         return url
+
+
+class PricingClient(_Service):
+    """The AWS Price List API (``pricing``): one endpoint (``aws.pricing_region``) answers for every region."""
+
+    service = "pricing"
+
+    def __init__(self, config: AwsConfig, *, provider: str = "aws", session: AioSession | None = None) -> None:
+        super().__init__(config, provider=provider, session=session, endpoint_url=config.pricing_endpoint_url)
+        self.region = config.pricing_region
+
+    async def products(self, service_code: str, filters: list[dict[str, str]]) -> list[str]:
+        """Every GetProducts item (each a JSON document in a string, as the API sends it), NextToken followed."""
+        items: list[str] = []
+        token: str | None = None
+        while True:
+            page = await self.request(self.region, "get_products", ServiceCode=service_code, Filters=filters,
+                                      FormatVersion="aws_v1", MaxResults=100,
+                                      **({"NextToken": token} if token else {}))
+            items.extend(page.get("PriceList") or [])
+            token = page.get("NextToken")
+            if not token:
+                return items

@@ -1,16 +1,20 @@
 """EC2 GPU types, places and prices → offers. Pure: no I/O.
 
-A type sold in an AZ is an on-demand offer at its list price (from the bundled
-catalog) and a spot offer at the AZ's latest spot price. With placement groups
+A type sold in an AZ is an on-demand offer at its list price (from the Price List
+API, or the bundled snapshot, as :class:`~providers.aws.pricing.OnDemandPrices` says)
+and a spot offer at the AZ's latest spot price (live). With placement groups
 on and a type that supports the cluster strategy, nodes are promised together
 at ``cluster`` level; otherwise EC2 only promises "same AZ".
 """
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from broker.config import AwsConfig
-from broker.models import Colocate, Fabric, Locality, Market, Network, Offer
+from broker.models import Colocate, Fabric, Locality, Market, Network, Offer, OfferSource, utcnow
 from providers.aws.instance_types import GpuType
+from providers.aws.pricing import OnDemandPrices
 from providers.base import OfferQuery
 
 
@@ -41,6 +45,8 @@ def make_offer(
     max_nodes: int | None = None,
     cluster: str = "",
     attrs: dict[str, str] | None = None,
+    source: OfferSource = OfferSource.live,
+    observed_at: datetime | None = None,
 ) -> Offer:
     """One EC2 offer (``provider`` is "aws" or "reserved", which share the shape)."""
     clustered = t.cluster_placement and config.placement_groups
@@ -67,6 +73,8 @@ def make_offer(
             fabric_gbps=t.network_gbps,
         ),
         egress_usd_per_gb=config.egress_usd_per_gb,
+        source=source,
+        observed_at=observed_at or utcnow(),
         attrs={
             "instance_type": t.sku,
             "efa_interfaces": str(t.efa_interfaces),
@@ -81,20 +89,26 @@ def zone_offers(
     types: dict[str, GpuType],
     zones: dict[str, list[str]],
     spot: dict[tuple[str, str], float],
-    on_demand: dict[str, float | None],
+    on_demand: OnDemandPrices | None,
     region: str,
     *,
     provider: str,
 ) -> list[Offer]:
-    """On-demand and spot offers of each type in each AZ it is sold in (``on_demand``: list price by type)."""
+    """On-demand and spot offers of each type in each AZ it is sold in (``on_demand``: the region's list
+    prices and where they come from; None: no on-demand offers)."""
     out: list[Offer] = []
     for sku in sorted(zones):
         t = types[sku]
+        od = on_demand.lookup(sku) if on_demand is not None else None
         for zone in zones[sku]:
-            od = on_demand.get(sku)
             if od is not None:
-                out.append(make_offer(config, t, region, zone, Market.on_demand, od, provider=provider))
-            price = spot.get((sku, zone))
-            if price is not None:
-                out.append(make_offer(config, t, region, zone, Market.spot, price, provider=provider))
+                price, source, observed = od
+                attrs = {"price_source": "pricing-api" if source is not OfferSource.snapshot else "catalog"}
+                if source is not OfferSource.live and on_demand is not None and on_demand.note:
+                    attrs["price_note"] = on_demand.note[:200]
+                out.append(make_offer(config, t, region, zone, Market.on_demand, price, provider=provider,
+                                      source=source, observed_at=observed, attrs=attrs))
+            spot_price = spot.get((sku, zone))
+            if spot_price is not None:
+                out.append(make_offer(config, t, region, zone, Market.spot, spot_price, provider=provider))
     return out

@@ -114,7 +114,7 @@ async def spot_price_history(
     *,
     now: datetime | None = None,
 ) -> dict[str, list[PricePoint] | BaseException]:
-    """Spot price points per region of the adapter's regions, each from ``since[region]``.
+    """Spot price points per region of ``since`` (the adapter's regions), each from ``since[region]``.
 
     Uses the AWS adapter's clients, retries, error mapping and instance-type cache.
     Regions run concurrently, each under ``region_timeout_s``; a failing region gives
@@ -129,9 +129,10 @@ async def spot_price_history(
         return await asyncio.wait_for(region_spot_history(aws, region, since.get(region), now),
                                       timeout=config.region_timeout_s * 3)
 
-    results = await asyncio.gather(*(one(r) for r in config.regions), return_exceptions=True)
+    regions = list(since)
+    results = await asyncio.gather(*(one(r) for r in regions), return_exceptions=True)
     out: dict[str, list[PricePoint] | BaseException] = {}
-    for region, res in zip(config.regions, results, strict=True):
+    for region, res in zip(regions, results, strict=True):
         if isinstance(res, BaseException) and not isinstance(res, Exception):
             raise res  # CancelledError, KeyboardInterrupt: not ours to swallow
         out[region] = res

@@ -2,9 +2,11 @@
 
 - offers: GPU types (DescribeInstanceTypes), where they are sold
   (DescribeInstanceTypeOfferings), spot prices (DescribeSpotPriceHistory, latest
-  per AZ and type) and on-demand prices from the bundled catalog. Regions are
-  scanned concurrently, each under its own timeout; a failing region is logged
-  and recorded in ``region_health`` and the others stand.
+  per AZ and type) and on-demand prices from the Price List API (:mod:`.pricing`:
+  cached, concurrent per region, the bundled snapshot's when it cannot be had, marked
+  so). Regions are the configured ones or, with ``regions: all``, those the account
+  has enabled (DescribeRegions). They are scanned concurrently, each under its own
+  timeout; a failing region is logged and recorded in ``region_health`` and the others stand.
 - launch: RunInstances with ClientToken = the job attempt's token, MinCount =
   MaxCount = nodes, in the offer's AZ, tagged as Lockstep's. Before buying it
   looks the token up by tag, so a retried launch never buys twice (also where
@@ -47,10 +49,11 @@ from broker.models import (
     Offer,
     PricePoint,
 )
-from providers.aws.client import Ec2Client, S3Client, chunks
+from providers.aws.client import Ec2Client, PricingClient, S3Client, chunks
 from providers.aws.instance_types import GPU_TYPE_PATTERNS, GpuType, latest_spot_prices, parse_instance_type
 from providers.aws.offers import offer_id, query_accepts, zone_offers
 from providers.aws.prices import spot_price_history
+from providers.aws.pricing import OnDemandPrices, OnDemandPricing
 from providers.aws.requests import (
     ATTEMPT_TAG,
     CLIENT_TOKEN_TAG,
@@ -71,7 +74,6 @@ from providers.aws.requests import (
 from providers.aws.runtime import RUNTIME_ATTR, RunFiles, launch_order, missing_runtime
 from providers.base import JOB_TAG, OWNER_TAG, LaunchRequest, OfferQuery
 from providers.capabilities import HasJobLogs, HasSpotPriceHistory
-from providers.catalog.client import aws_on_demand_price
 from providers.runtime.logs import job_exit
 
 log = logging.getLogger(__name__)
@@ -121,16 +123,45 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
         self._released: set[str] = set()
         self._pending_groups: dict[str, str] = {}  # placement group → region, deletion deferred
         self.region_health: dict[str, RegionHealth] = {}
+        self.pricing = OnDemandPricing(config, PricingClient(config, provider=self.name, session=session))
+        self._regions: tuple[float, list[str]] | None = None  # (monotonic time, regions) of `regions: all`
 
     def __repr__(self) -> str:
         return f"AwsProvider(regions={self.config.regions!r}, installation={self.installation!r})"
 
     async def aclose(self) -> None:
         await self.ec2.aclose()
+        await self.pricing.aclose()
         if self.runs is not None:
             await self.runs.s3.aclose()
 
     # ------------------------------------------------------------------ offers
+
+    async def regions(self) -> list[str]:
+        """The regions this adapter works in: the configured ones, or with ``regions: all`` the regions the
+        account has enabled (DescribeRegions: opted in, or needing no opt-in), asked again every
+        ``pricing_refresh_s``. Raises when they cannot be listed and none are known yet."""
+        if isinstance(self.config.regions, list):
+            return list(self.config.regions)
+        now = time.monotonic()
+        if self._regions is not None and now - self._regions[0] < self.config.pricing_refresh_s:
+            return list(self._regions[1])
+        try:
+            resp = await self.ec2.request(self.config.home_region, "describe_regions", Filters=[
+                {"Name": "opt-in-status", "Values": ["opt-in-not-required", "opted-in"]}])
+        except ProviderError as exc:
+            if self._regions is None:
+                raise
+            log.warning("aws: regions not listed again, the last list stands: %s", exc)
+            return list(self._regions[1])
+        regions = sorted(r["RegionName"] for r in resp.get("Regions") or []
+                         if r.get("OptInStatus", "opt-in-not-required") in ("opt-in-not-required", "opted-in"))
+        self._regions = (now, regions)
+        return list(regions)
+
+    def notes(self) -> list[str]:
+        """What the provider's health should say beside ok/failed: prices that are not live, and why."""
+        return self.pricing.notes()
 
     async def gpu_types(self, region: str) -> dict[str, GpuType]:
         """GPU instance types of a region (cached: the catalogue of types changes rarely)."""
@@ -180,21 +211,28 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
             )
         return latest_spot_prices(rows)
 
-    async def _region_offers(self, region: str, query: OfferQuery | None) -> list[Offer]:
+    async def _region_offers(self, region: str, query: OfferQuery | None,
+                             on_demand: asyncio.Future[OnDemandPrices] | None, deadline: float) -> list[Offer]:
         markets = set(query.markets) if query and query.markets else {Market.spot, Market.on_demand}
         types = {k: t for k, t in (await self.gpu_types(region)).items() if query_accepts(t, query)}
         if not types or not markets & {Market.spot, Market.on_demand}:
             return []
         zones = await self.offered_zones(region, list(types))
         spot = await self.spot_prices(region, list(zones)) if Market.spot in markets and zones else {}
-        want_on_demand = Market.on_demand in markets
-        on_demand = {sku: aws_on_demand_price(sku, region) if want_on_demand else None for sku in zones}
-        return zone_offers(self.config, types, zones, spot, on_demand, region, provider=self.name)
+        prices = None
+        if on_demand is not None and zones:
+            # The region's budget is the EC2 answer's: past it, the snapshot (noted) and the fetch goes on.
+            done, _ = await asyncio.wait({on_demand}, timeout=max(0.0, deadline - time.monotonic()))
+            prices = on_demand.result() if done else self.pricing.waiting(region)
+        return zone_offers(self.config, types, zones, spot, prices, region, provider=self.name)
 
-    async def _scan(self, region: str, query: OfferQuery | None) -> list[Offer] | ProviderError:
+    async def _scan(self, region: str, query: OfferQuery | None,
+                    on_demand: asyncio.Future[OnDemandPrices] | None = None) -> list[Offer] | ProviderError:
         started = time.monotonic()
+        budget = self.config.region_timeout_s
         try:
-            offers = await asyncio.wait_for(self._region_offers(region, query), self.config.region_timeout_s)
+            offers = await asyncio.wait_for(
+                self._region_offers(region, query, on_demand, started + max(budget / 2, budget - 2.0)), budget)
         except (ProviderError, TimeoutError) as exc:
             err = exc if isinstance(exc, ProviderError) else None
             code = err.code if err else "Timeout"
@@ -210,8 +248,11 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
         return offers
 
     async def offers(self, query: OfferQuery | None = None) -> list[Offer]:
-        regions = [r for r in self.config.regions if not (query and query.regions) or r in query.regions]
-        results = await asyncio.gather(*(self._scan(r, query) for r in regions))
+        regions = [r for r in await self.regions() if not (query and query.regions) or r in query.regions]
+        # On-demand prices are fetched beside the EC2 calls (cached; never failing a region: see .pricing).
+        want_on_demand = not (query and query.markets) or Market.on_demand in query.markets
+        pricing = {r: self.pricing.start(r) for r in regions} if want_on_demand else {}
+        results = await asyncio.gather(*(self._scan(r, query, pricing.get(r)) for r in regions))
         failures = [r for r in results if isinstance(r, ProviderError)]
         if regions and len(failures) == len(regions):
             raise failures[0]  # nothing answered: let the market mark AWS stale
@@ -510,9 +551,8 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
 
     # ------------------------------------------------------------------ spot-price history
 
-    @property
-    def price_regions(self) -> list[str]:
-        return list(self.config.regions)
+    async def price_regions(self) -> list[str]:
+        return await self.regions()
 
     async def spot_price_history(
         self, since: Mapping[str, datetime | None], *, now: datetime
@@ -521,11 +561,10 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
 
     async def owned_as(self, provider: str) -> list[Allocation]:
         """Live instances of this installation launched by ``provider``, one Allocation per job attempt."""
-        results = await asyncio.gather(
-            *(self._owned_region(r, provider) for r in self.config.regions), return_exceptions=True
-        )
+        regions = await self.regions()
+        results = await asyncio.gather(*(self._owned_region(r, provider) for r in regions), return_exceptions=True)
         out: list[Allocation] = []
-        for region, res in zip(self.config.regions, results, strict=True):
+        for region, res in zip(regions, results, strict=True):
             if isinstance(res, BaseException):
                 # A region we cannot see must not look empty: the broker would think its jobs lost.
                 log.warning("aws: owned() could not list %s: %s", region, res)

@@ -99,10 +99,10 @@ class ReservedProvider(HasJobLogs):
             out.append(self._reservation_offer(cr, t, region, pools))
         return out
 
-    async def _pool_offers(self, query: OfferQuery | None) -> list[Offer]:
+    async def _pool_offers(self, query: OfferQuery | None, regions: list[str]) -> list[Offer]:
         out = []
         for pool in self.config.reserved_pools:
-            if pool.provider != "aws" or pool.region not in self.config.regions:
+            if pool.provider != "aws" or pool.region not in regions:
                 continue
             if pool.capacity_reservation_id and self.config.capacity_reservations:
                 continue  # offered (or found gone) through DescribeCapacityReservations
@@ -133,8 +133,9 @@ class ReservedProvider(HasJobLogs):
         if query and query.markets and Market.reserved not in query.markets:
             return []
         offers: list[Offer] = []
+        all_regions = await self.aws.regions()
         if self.config.capacity_reservations:
-            regions = [r for r in self.config.regions if not (query and query.regions) or r in query.regions]
+            regions = [r for r in all_regions if not (query and query.regions) or r in query.regions]
             results = await asyncio.gather(
                 *(
                     asyncio.wait_for(self._region_reservations(r, query), self.config.region_timeout_s)
@@ -149,7 +150,7 @@ class ReservedProvider(HasJobLogs):
                     log.warning("reserved: capacity reservations of %s left out: %s", region, res)
                     continue
                 offers.extend(res)
-        offers.extend(await self._pool_offers(query))
+        offers.extend(await self._pool_offers(query, all_regions))
         return offers
 
     # ------------------------------------------------------------------ lifecycle (shared with AwsProvider)

@@ -281,6 +281,7 @@ class JobInfo:
     end_time: float | None
     priority: float = 0.0
     exit_code: int | None = None
+    restart_count: int = 0  # times Slurm requeued it (a node failure, a preemption with requeue)
 
     @property
     def finished(self) -> bool:
@@ -377,6 +378,7 @@ def parse_job(raw: dict[str, Any]) -> JobInfo:
         end_time=number(raw.get("end_time")),
         priority=number(raw.get("priority")) or 0.0,
         exit_code=None if exit_code_f is None or math.isinf(exit_code_f) else int(exit_code_f),
+        restart_count=int(number(raw.get("restart_cnt")) or 0),
     )
 
 

@@ -195,6 +195,7 @@ class OfferBuilder:
                 "free_gpus": str(min(n.gpus_free for n in members)),
                 "fabric_feature": traits.fabric_feature,
                 "rack_feature": rack,
+                "containers": self.config.container_runtime,  # "none": an image cannot run here
             },
         )
 

@@ -7,7 +7,10 @@ can be found again after a crash (``owned``) and a launch is never submitted twi
 Transport, auth and version differences are the client's (:mod:`.client`, :mod:`.auth`,
 :mod:`.api`); this module only sees flat shapes.
 
-Capabilities: launches; drains and resumes nodes; lists its nodes; runs burn-in jobs.
+Every launch runs the in-job wrapper on each node under ``srun`` (:mod:`.runtime`): its manifest, logs and
+exit statuses live in the pool's shared job directory (``slurm.job_dir``), which ``poll`` and ``job_log`` read.
+
+Capabilities: launches; drains and resumes nodes; lists its nodes; runs burn-in jobs; job logs.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from collections.abc import Mapping
 import providers.slurm.api as api
 from broker.config import SlurmConfig
 from broker.errors import BadRequestError, CapacityError, TransientError
-from broker.models import Allocation, AllocationState, AllocationStatus, Market, Offer
+from broker.models import Allocation, AllocationState, AllocationStatus, ExitReason, JobExit, Market, Offer
 from providers.base import JOB_TAG, OWNER_TAG, TENANT_TAG, LaunchRequest, OfferQuery
-from providers.capabilities import DrainsNodes, NodeUsage, RunsBurnIn
+from providers.capabilities import DrainsNodes, HasJobLogs, NodeUsage, RunsBurnIn
+from providers.runtime.logs import job_exit
 from providers.slurm.client import SlurmClient
 from providers.slurm.offers import OfferBuilder, node_usage
 from providers.slurm.queue import RUNNING_STATES, estimate_wait_hours
@@ -32,6 +36,17 @@ from providers.slurm.requests import (
     launch_request,
     parse_comment,
     render_labels,
+    time_limit_minutes,
+)
+from providers.slurm.runtime import (
+    NO_CONTAINERS,
+    AttemptDir,
+    JobFiles,
+    batch_script,
+    exit_without_status,
+    no_container_reason,
+    slurm_exit_code,
+    time_limit_min,
 )
 
 PROVIDER = "slurm"
@@ -42,7 +57,12 @@ _FAILED_STATES = frozenset(
 )
 
 
-class SlurmProvider(RunsBurnIn, DrainsNodes):
+# Slurm states in which a job that ran was put back in the queue or lost a node: Lockstep requeues the job
+# itself (a new attempt, counted as a preemption), and gives this one back.
+_REQUEUED_FLAGS = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
+
+
+class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs):
     """Slurm via slurmrestd. Thin: translate, call, normalise, map errors."""
 
     name = PROVIDER
@@ -51,6 +71,7 @@ class SlurmProvider(RunsBurnIn, DrainsNodes):
         self.config = config
         self.installation = installation
         self.client = SlurmClient(config)
+        self.files = JobFiles(config, installation)
         self._cancelled: set[str] = set()  # job ids this process cancelled (also marked in the comment)
 
     def __repr__(self) -> str:
@@ -86,12 +107,24 @@ class SlurmProvider(RunsBurnIn, DrainsNodes):
         return None
 
     async def launch(self, req: LaunchRequest) -> Allocation:
+        run = req.run_request()
+        if run.image and self.config.container_runtime == NO_CONTAINERS:
+            raise BadRequestError(PROVIDER, no_container_reason(), "image")
+        estimate = time_limit_minutes(req, self.config.default_time_limit_min)
+        limit = time_limit_min(run, estimate)
+        if not run.command.strip():  # no command: hold the allocation until its limit
+            run = run.model_copy(update={"command": f"exec sleep {limit * 60}"})
+        where = self.files.where(req.job_id, req.attempt)
         submit = launch_request(
             req,
             installation=self.installation,
             gpus_per_node_default=self.config.gpus_per_node_default,
             default_time_limit_min=self.config.default_time_limit_min,
             partition=self.config.partition,
+            script=batch_script(where, installation=self.installation, image=run.image,
+                                container_runtime=self.config.container_runtime, python=self.config.python),
+            time_limit_min=limit,
+            stdout=str(where.batch_output),
         )
         rate = self._rate(req)
         await self.client.version()
@@ -101,6 +134,7 @@ class SlurmProvider(RunsBurnIn, DrainsNodes):
                 existing = await self._find_by_token(req.client_token)
                 if existing is not None:
                     return self._allocation(existing, offer_id=req.offer.id, usd_per_hour=rate)
+                await self.files.stage(run)
                 job_id = await self.client.submit_once(submit)
                 job = await self.client.job(job_id)
                 if job is None:
@@ -138,6 +172,7 @@ class SlurmProvider(RunsBurnIn, DrainsNodes):
                 "name": job.name,
                 "tenant": tags.get(TENANT_TAG, ""),
                 "nodes": ",".join(job.nodes),
+                "job_dir": str(self.files.where(tags.get(JOB_TAG, job.name.removeprefix("lockstep-")), attempt).path),
             },
         )
 
@@ -164,22 +199,79 @@ class SlurmProvider(RunsBurnIn, DrainsNodes):
             raise BadRequestError(PROVIDER, f"allocation {alloc.id} has no Slurm job id")
         return alloc.resource_ids[0]
 
+    def _where(self, alloc: Allocation) -> AttemptDir:
+        return self.files.where(alloc.job_id, alloc.attempt)
+
+    @staticmethod
+    def _requeued(job: api.JobInfo, alloc: Allocation) -> bool:
+        """Did Slurm take the job off its nodes and put it back in the queue (a node failed under it, a
+        preemption with requeue)? Lockstep requeues the job itself instead, as a new attempt."""
+        if job.state == "NODE_FAIL" or job.flags & _REQUEUED_FLAGS or job.state in _REQUEUED_FLAGS:
+            return True
+        if job.restart_count > 0 and not job.finished:
+            return True  # Slurm's rerun of this attempt (its own requeue): Lockstep's next attempt replaces it
+        if job.state != "PENDING":  # not SUSPENDED: a suspended job resumes where it was
+            return False
+        return alloc.state is AllocationState.running
+
     async def poll(self, alloc: Allocation) -> AllocationStatus:
+        """The job's state from Slurm, and how its command ended from the wrapper's status files.
+
+        A node whose command failed ends the attempt at once (the lifecycle cancels what still runs); when
+        every node has ended, Slurm's own end is awaited (no cancel). A requeued or node-failed job answers
+        ``preempted``: Lockstep requeues it as a new attempt, counted, with Slurm's reason.
+        """
         job_id = self._job_id(alloc)
         job = await self.client.job(job_id)
+        where = self._where(alloc)
         if job is None:
-            # slurmctld forgets finished jobs after MinJobAge; without accounting we cannot say how it ended.
+            # slurmctld forgets finished jobs after MinJobAge; the status files still say how it ended.
             if job_id in self._cancelled or alloc.state is AllocationState.released:
                 return AllocationStatus(state=AllocationState.released, reason="cancelled by Lockstep")
+            end = job_exit(await self.files.statuses(where, max(alloc.nodes, 1)), max(alloc.nodes, 1))
+            if end is not None:
+                return self._ended(end, [])
             return AllocationStatus(state=AllocationState.unknown, reason=f"job {job_id} no longer known")
+        hosts = list(job.nodes)
         reason = "" if job.reason in ("None", "") else job.reason
+        if self._requeued(job, alloc):
+            why = f"Slurm job {job_id} {'lost a node' if job.state == 'NODE_FAIL' else 'was requeued'}"
+            detail = ", ".join(x for x in (job.state, reason, f"restarts={job.restart_count}") if x)
+            return AllocationStatus(state=AllocationState.preempted, reason=f"{why} ({detail})", hosts=hosts)
+        state = self._state(job)
+        runs_wrapper = TOKEN_TAG in parse_comment(job.comment)  # a launch's job (not a burn-in probe)
+        if runs_wrapper and state in (AllocationState.running, AllocationState.succeeded, AllocationState.failed):
+            nodes = max(job.node_count, alloc.nodes, 1)
+            statuses = await self.files.statuses(where, nodes)
+            end = job_exit(statuses, nodes)
+            if state is AllocationState.running:
+                # A node's command failed, or the head ended while others run: the attempt is over. (A TERM
+                # from Slurm — scancel, preemption, a node failure — is Slurm's to explain: wait for it. When
+                # every node has ended, the job ends by itself within moments: no cancel.)
+                if end is not None and end.reason is not ExitReason.signal and len(statuses) < nodes:
+                    return self._ended(end, hosts)
+                return AllocationStatus(state=state, reason=f"{job.state} {reason}".strip(), hosts=hosts)
+            if end is None:
+                end = exit_without_status(slurm_exit_code(job.exit_code), job.state, await self.files.log(where, 0),
+                                          await self.files.batch_output(where))
+            return self._ended(end, hosts)
         if job.exit_code and job.state in _FAILED_STATES:
-            reason = f"{reason} exit={job.exit_code}".strip()
-        return AllocationStatus(state=self._state(job), reason=f"{job.state} {reason}".strip(), hosts=list(job.nodes))
+            reason = f"{reason} exit={slurm_exit_code(job.exit_code)}".strip()
+        return AllocationStatus(state=state, reason=f"{job.state} {reason}".strip(), hosts=hosts)
+
+    @staticmethod
+    def _ended(end: JobExit, hosts: list[str]) -> AllocationStatus:
+        return AllocationStatus(state=AllocationState.succeeded if end.succeeded else AllocationState.failed,
+                                reason=end.describe(), hosts=hosts, exit=end)
+
+    async def job_log(self, alloc: Allocation, *, rank: int = 0) -> str:
+        """The node's log from the shared job directory ('' before its wrapper started)."""
+        return await self.files.log(self._where(alloc), rank)
 
     async def release(self, alloc: Allocation) -> None:
         job_id = self._job_id(alloc)
         self._cancelled.add(job_id)
+        await self.files.forget(self._where(alloc))  # the manifest holds the job's secret values
         job = await self.client.job(job_id)
         if job is None or job.finished:
             return  # already gone

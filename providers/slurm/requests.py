@@ -57,10 +57,15 @@ def time_limit_minutes(req: LaunchRequest, default_min: int) -> int:
 
 
 def launch_request(req: LaunchRequest, *, installation: str, gpus_per_node_default: int,
-                   default_time_limit_min: int, partition: str | None) -> api.SubmitRequest:
-    """The batch job of one launch: the offer's partition, fabric and rack as constraints, tags in the comment."""
+                   default_time_limit_min: int, partition: str | None, script: str | None = None,
+                   time_limit_min: int | None = None, stdout: str | None = None) -> api.SubmitRequest:
+    """The batch job of one launch: the offer's partition, fabric and rack as constraints, tags in the comment.
+
+    ``script``: the batch script (the run-time contract's, :mod:`.runtime`); default: the command itself.
+    ``time_limit_min``: Slurm's limit; default: from the workload (:func:`time_limit_minutes`).
+    """
     spec, offer = req.spec, req.offer
-    limit = time_limit_minutes(req, default_time_limit_min)
+    limit = time_limit_min if time_limit_min is not None else time_limit_minutes(req, default_time_limit_min)
     constraints: list[str] = []
     fabric_feature = offer.attrs.get("fabric_feature", "")
     rack_feature = offer.attrs.get("rack_feature", "")
@@ -72,7 +77,7 @@ def launch_request(req: LaunchRequest, *, installation: str, gpus_per_node_defau
     command = spec.command.strip() or f"exec sleep {limit * 60}"  # no command: hold the allocation
     return api.SubmitRequest(
         name=f"lockstep-{req.job_id}"[:100],
-        script=f"#!/bin/bash\n# submitted by Lockstep ({installation})\n{command}\n",
+        script=script or f"#!/bin/bash\n# submitted by Lockstep ({installation})\n{command}\n",
         nodes=req.nodes,
         gpus_per_node=spec.gpus_per_node or gpus_per_node_default,
         gpu_type=offer.attrs.get("gres_type", ""),
@@ -80,7 +85,7 @@ def launch_request(req: LaunchRequest, *, installation: str, gpus_per_node_defau
         comment=make_comment(req, installation),
         partition=offer.attrs.get("partition") or partition,
         constraints="&".join(constraints) or None,
-        stdout=f"/tmp/lockstep-{req.job_id}-%j.out",
+        stdout=stdout or f"/tmp/lockstep-{req.job_id}-%j.out",
         environment={
             "LOCKSTEP_JOB_ID": req.job_id,
             "LOCKSTEP_ATTEMPT": str(req.attempt),

@@ -83,12 +83,32 @@ def expected_dlperf(model: str, num_gpus: int) -> float | None:
     return DLPERF_SCALE * math.sqrt(spec.tflops_bf16 * spec.mem_bw_gbps / 1000.0) * num_gpus
 
 
+# Country names Vast's geolocation has been seen to spell out instead of the code.
+COUNTRY_NAMES: dict[str, str] = {
+    "united states": "US", "usa": "US", "canada": "CA", "germany": "DE", "france": "FR", "united kingdom": "GB",
+    "uk": "GB", "netherlands": "NL", "sweden": "SE", "norway": "NO", "finland": "FI", "poland": "PL",
+    "czechia": "CZ", "czech republic": "CZ", "spain": "ES", "italy": "IT", "slovenia": "SI", "japan": "JP",
+    "taiwan": "TW", "hong kong": "HK", "thailand": "TH", "singapore": "SG", "south korea": "KR", "korea": "KR",
+    "australia": "AU", "india": "IN", "brazil": "BR", "israel": "IL", "vietnam": "VN", "china": "CN",
+}
+
+
 def country_of(geolocation: Any) -> str:
-    """'Texas, US' → 'US' (Vast's geolocation ends with the country code users filter on)."""
+    """The offer's region: the ISO country code in Vast's geolocation, upper case ('Texas, US' → 'US';
+    'US, California' → 'US'; 'Germany' → 'DE'); '' when none can be read.
+
+    A Vast region is a country: it is what Vast's search filters on (``geolocation in [...]``), what a job's
+    ``regions`` name, and with the site ``vast`` what a data location names (``vast:US``)."""
     if not isinstance(geolocation, str) or not geolocation.strip():
         return ""
-    code = geolocation.rsplit(",", 1)[-1].strip()
-    return code.upper() if _COUNTRY.match(code) else ""
+    parts = [p.strip() for p in geolocation.split(",") if p.strip()]
+    for part in reversed(parts):  # Vast puts the code last ("Texas, US"); some rows put it first
+        if _COUNTRY.match(part):
+            return part.upper()
+    for part in reversed(parts):
+        if part.lower() in COUNTRY_NAMES:
+            return COUNTRY_NAMES[part.lower()]
+    return ""
 
 
 def wanted_markets(q: OfferQuery) -> tuple[bool, bool]:
@@ -182,6 +202,7 @@ def normalise(config: VastConfig, raw: dict[str, Any], q: OfferQuery, want_od: b
         "host_id": str(raw.get("host_id") or ""),
         "vast_gpu_name": gpu_name,
         "geolocation": str(raw.get("geolocation") or ""),
+        "public_ipaddr": str(raw.get("public_ipaddr") or ""),  # a machine's address, for a multi-machine job
         "pcie_bw": str(num(raw.get("pcie_bw"))),
         "disk_bw": str(num(raw.get("disk_bw"))),
         "dlperf": str(dlperf),

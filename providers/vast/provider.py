@@ -12,25 +12,32 @@ A job's container runs its command and exits (``runtype: "args"``); ``poll`` the
 through Vast's logs API (``PUT /api/v0/instances/request_logs/{id}/``) for the wrapper's ``LOCKSTEP-EXIT``
 line and answers succeeded/failed with the exit, and the lifecycle destroys the instance in the same poll.
 
-Capabilities: launches, job logs.
+A multi-node job may be assembled from several machines (policies/assembly.py; capability ``AssemblesNodes``):
+``launch`` then rents every member or none (one failed rent destroys those already rented), labels each
+machine ``<label>#<rank>``, and gives each the same rendezvous with its own rank; ``poll`` follows them all.
+
+Capabilities: launches, job logs, assembles nodes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict, defaultdict
 from typing import Any
 
 from broker.config import VastConfig
-from broker.errors import CapacityError
-from broker.models import Allocation, AllocationState, AllocationStatus, ExitReason, Market, Offer
+from broker.errors import BadRequestError, CapacityError
+from broker.models import Allocation, AllocationState, AllocationStatus, ExitReason, JobExit, Market, Offer
 from providers.base import LaunchRequest, OfferQuery
-from providers.capabilities import HasJobLogs
+from providers.capabilities import AssemblesNodes, HasJobLogs
 from providers.vast.client import VastClient
 from providers.vast.errors import GONE_CODES, PROVIDER, Refused
 from providers.vast.offers import country_of, normalise, num, search_query, wanted_markets
-from providers.vast.requests import create_body, label_for, label_prefix
-from providers.vast.runtime import image_login, node_env, node_exit, node_manifest, single_node
+from providers.vast.requests import create_body, label_for, label_prefix, member_label, parse_label
+from providers.vast.runtime import image_login, node_env, node_exit, node_manifest, peers_env, single_node
+
+log = logging.getLogger(__name__)
 
 FINAL_LOGS_KEPT = 256  # ended nodes' last logs kept in memory: Vast's go with the destroyed instance
 
@@ -56,7 +63,7 @@ def map_instance_state(inst: dict[str, Any]) -> tuple[AllocationState, str]:
     return AllocationState.unknown, actual
 
 
-class VastProvider(HasJobLogs):
+class VastProvider(HasJobLogs, AssemblesNodes):
     name = PROVIDER
 
     def __init__(self, config: VastConfig, *, installation: str = "lockstep") -> None:
@@ -96,23 +103,28 @@ class VastProvider(HasJobLogs):
         return None
 
     def _allocation(self, inst: dict[str, Any], *, job_id: str, attempt: int, client_token: str = "",
-                    offer: Offer | None = None) -> Allocation:
+                    offer: Offer | None = None, more: list[dict[str, Any]] | None = None) -> Allocation:
+        """The allocation of one machine, or of several (``more``: the machines of ranks 1…N−1)."""
+        insts = [inst, *(more or [])]
         state, reason = map_instance_state(inst)
         iid = str(inst.get("id"))
-        attrs = {"label": str(inst.get("label") or ""), "machine_id": str(inst.get("machine_id") or ""),
+        attrs = {"label": str(inst.get("label") or ""),
+                 "machine_id": ",".join(str(i.get("machine_id") or "") for i in insts),
                  "market": Market.spot.value if inst.get("is_bid") else Market.on_demand.value}
         if offer is not None and "ask_id" in offer.attrs:
             attrs["ask_id"] = offer.attrs["ask_id"]
         return Allocation(
             id=f"vast-{iid}", job_id=job_id, attempt=attempt, provider=PROVIDER,
             offer_id=offer.id if offer else "", state=state, client_token=client_token,
-            resource_ids=[iid], nodes=1,
+            resource_ids=[str(i.get("id")) for i in insts], nodes=len(insts),
             region=offer.region if offer else country_of(inst.get("geolocation")),
             usd_per_hour=offer.usd_per_hour if offer else num(inst.get("dph_total")),
             reason=reason, attrs=attrs,
         )
 
     async def launch(self, req: LaunchRequest) -> Allocation:
+        if req.members:
+            return await self.launch_members(req)
         ask_id = req.offer.attrs.get("ask_id") or req.offer.id.split(":")[1]
         label = label_for(self.installation, req)
 
@@ -146,6 +158,83 @@ class VastProvider(HasJobLogs):
                     "is_bid": req.offer.market == Market.spot, "machine_id": req.offer.attrs.get("machine_id")}
             return done(inst)
 
+    async def _rent(self, req: LaunchRequest, offer: Offer, label: str, env: dict[str, str]) -> dict[str, Any]:
+        """Rent one machine (``offer``) labelled ``label``: the instance as far as we know it. An ask gone →
+        CapacityError, unless a retried create went through the first time (found by its label)."""
+        ask_id = offer.attrs.get("ask_id") or offer.id.split(":")[1]
+        async with self._ask_locks[ask_id]:
+            body = create_body(req.model_copy(update={"offer": offer}), label, env=env,
+                               image_login=image_login(req.run_request()))
+            try:
+                data = await self.client.call("PUT", f"/api/v0/asks/{ask_id}/", body=body)
+            except Refused as exc:
+                if exc.status in (404, 410) or exc.error in GONE_CODES:
+                    existing = await self._find_by_label(label)
+                    if existing is not None:
+                        return existing
+                    raise CapacityError(PROVIDER, f"ask {ask_id} is no longer available",
+                                        exc.error or f"http_{exc.status}") from None
+                raise
+        if not isinstance(data, dict) or not data.get("success") or data.get("new_contract") is None:
+            code = str(data.get("error") or "create_failed") if isinstance(data, dict) else "create_failed"
+            raise CapacityError(PROVIDER, f"ask {ask_id} was not rented", code)
+        return {"id": data["new_contract"], "label": label, "actual_status": None,
+                "is_bid": offer.market == Market.spot, "machine_id": offer.attrs.get("machine_id")}
+
+    async def _labelled(self, labels: list[str]) -> dict[str, dict[str, Any]]:
+        """This account's instances carrying one of ``labels``, by label."""
+        wanted = set(labels)
+        return {str(i.get("label")): i for i in await self.client.instances({"label": {"in": labels}})
+                if i.get("label") in wanted}
+
+    async def launch_members(self, req: LaunchRequest) -> Allocation:
+        """Rent every machine of an assembled offer, or none: when one rent fails, every machine of this
+        attempt (found by label too, so a create whose answer was lost is not left behind) is destroyed
+        before the error is raised. Each machine gets the same rendezvous with its own rank; the addresses
+        are the machines' public addresses, which Vast shows with the ask."""
+        members = req.members
+        addrs = [m.attrs.get("public_ipaddr", "") for m in members]
+        if len(members) < 2 or not all(addrs):
+            raise BadRequestError(PROVIDER, f"offer {req.offer.id}: an assembly needs two or more machines with "
+                                            f"a public address", "bad_assembly")
+        base = label_for(self.installation, req)
+        labels = [member_label(base, rank, len(members)) for rank in range(len(members))]
+        run = req.run_request()
+        manifest = node_manifest(run, rendezvous={"mode": "env"})
+        existing = await self._labelled(labels)  # idempotent: a repeated launch rents only what is missing
+        insts: list[dict[str, Any]] = []
+        try:
+            for rank, (offer, label) in enumerate(zip(members, labels, strict=True)):
+                inst = existing.get(label)
+                if inst is None:
+                    env = {**node_env(run, manifest), **peers_env(rank, addrs, run.rdzv_port)}
+                    inst = await self._rent(req, offer, label, env)
+                insts.append(inst)
+        except BaseException as exc:
+            await self._destroy_attempt(labels, [str(i.get("id")) for i in insts], why=str(exc))
+            raise
+        return self._allocation(insts[0], job_id=req.job_id, attempt=req.attempt, client_token=req.client_token,
+                                offer=req.offer, more=insts[1:])
+
+    async def _destroy_attempt(self, labels: list[str], ids: list[str], *, why: str) -> None:
+        """Give back every machine a failed multi-machine launch rented (never raises: the launch's own
+        error is what the caller reports; a machine left behind here is found by ``owned`` and reconciled)."""
+        try:
+            found = [str(i.get("id")) for i in (await self._labelled(labels)).values()]
+        except Exception as exc:  # cannot list: destroy what we know of
+            log.warning("vast: cannot list the machines of a failed launch: %s", exc)
+            found = []
+        for iid in dict.fromkeys([*ids, *found]):
+            try:
+                await self.client.call("DELETE", f"/api/v0/instances/{iid}/", body={})
+            except Refused as exc:
+                if exc.status != 404:
+                    log.warning("vast: destroying instance %s of a failed launch: %s", iid, exc)
+            except Exception as exc:
+                log.warning("vast: destroying instance %s of a failed launch: %s", iid, exc)
+        log.info("vast: multi-machine launch failed (%s); released %d machine(s)", why[:200],
+                 len(dict.fromkeys([*ids, *found])))
+
     async def _instance(self, iid: str) -> dict[str, Any] | None:
         """The instance as Vast shows it now; None when it no longer exists."""
         try:
@@ -158,6 +247,12 @@ class VastProvider(HasJobLogs):
         return inst if isinstance(inst, dict) and inst else None
 
     async def poll(self, alloc: Allocation) -> AllocationStatus:
+        if alloc.nodes > len(alloc.resource_ids):  # a multi-machine launch cut short (by a crash): never started
+            return AllocationStatus(state=AllocationState.released,
+                                    reason=f"only {len(alloc.resource_ids)} of the {alloc.nodes} machines of this "
+                                           f"attempt were rented (a launch cut short)")
+        if len(alloc.resource_ids) > 1:
+            return await self._poll_machines(alloc)
         iid = alloc.resource_ids[0]
         inst = await self._instance(iid)
         if inst is None:  # the lifecycle requeues the job it held (a preemption, counted, with this reason)
@@ -177,6 +272,50 @@ class VastProvider(HasJobLogs):
             return AllocationStatus(state=state, reason=reason, hosts=hosts)  # outbid: the TERM was Vast's
         return AllocationStatus(state=AllocationState.succeeded if end.succeeded else AllocationState.failed,
                                 reason=end.describe(), hosts=hosts, exit=end)
+
+    async def _node_end(self, iid: str, inst: dict[str, Any]) -> JobExit:
+        """How an exited machine's command ended (its log read once, then kept)."""
+        text = self._final_logs.get(iid)
+        if text is None:
+            text = await self.client.instance_log(iid, tail=self.config.log_tail_lines)
+            self._keep_final_log(iid, text)
+        return node_exit(text, str(inst.get("status_msg") or ""))
+
+    async def _poll_machines(self, alloc: Allocation) -> AllocationStatus:
+        """Several machines as one allocation: one gone → released (the job is requeued and the rest
+        destroyed), one preempted → preempted, one failed → failed (the rest are destroyed with it), all
+        ended well → succeeded, all running (or ended well) → running, else pending."""
+        insts = await asyncio.gather(*(self._instance(i) for i in alloc.resource_ids))
+        hosts = [str(i.get("public_ipaddr") or i.get("ssh_host") or "") if i else "" for i in insts]
+        for rank, (iid, inst) in enumerate(zip(alloc.resource_ids, insts, strict=True)):
+            if inst is None:
+                return AllocationStatus(state=AllocationState.released, hosts=hosts,
+                                        reason=f"Vast instance {iid} (rank {rank}) vanished: destroyed outside "
+                                               f"Lockstep or lost with its host")
+        states: list[AllocationState] = []
+        ended: list[JobExit] = []
+        for rank, (iid, inst) in enumerate(zip(alloc.resource_ids, insts, strict=True)):
+            assert inst is not None
+            state, reason = map_instance_state(inst)
+            if str(inst.get("actual_status") or "").lower() == "exited":
+                end = await self._node_end(iid, inst)
+                if state is AllocationState.preempted and end.reason in (ExitReason.signal, ExitReason.error):
+                    return AllocationStatus(state=state, reason=f"rank {rank}: {reason}", hosts=hosts)
+                if not end.succeeded:
+                    return AllocationStatus(state=AllocationState.failed, hosts=hosts, exit=end,
+                                            reason=f"rank {rank}: {end.describe()}")
+                ended.append(end)
+                continue
+            if state in (AllocationState.preempted, AllocationState.failed):
+                return AllocationStatus(state=state, reason=f"rank {rank}: {reason}", hosts=hosts)
+            states.append(state)
+        if len(ended) == len(insts):
+            return AllocationStatus(state=AllocationState.succeeded, reason=ended[0].describe(), hosts=hosts,
+                                    exit=ended[0])
+        if all(s is AllocationState.running for s in states):
+            return AllocationStatus(state=AllocationState.running, hosts=hosts)
+        return AllocationStatus(state=AllocationState.pending, hosts=hosts,
+                                reason=f"{states.count(AllocationState.running)} of {len(insts)} machines running")
 
     def _keep_final_log(self, iid: str, log: str) -> None:
         self._final_logs[iid] = log
@@ -210,13 +349,18 @@ class VastProvider(HasJobLogs):
 
     async def owned(self) -> list[Allocation]:
         prefix = label_prefix(self.installation)
-        out: list[Allocation] = []
+        attempts: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+        counts: dict[tuple[str, int], int] = {}
         for inst in await self.client.instances():
-            label = str(inst.get("label") or "")
-            if not label.startswith(prefix):
-                continue
-            job_id, _, attempt = label[len(prefix):].rpartition(":")
-            if not job_id or not attempt.isdigit():
-                continue
-            out.append(self._allocation(inst, job_id=job_id, attempt=int(attempt)))
+            parsed = parse_label(prefix, str(inst.get("label") or ""))
+            if parsed is not None:  # one attempt's machines together, by rank
+                job_id, attempt, rank, count = parsed
+                attempts.setdefault((job_id, attempt), {})[rank] = inst
+                counts[(job_id, attempt)] = max(count, counts.get((job_id, attempt), 1))
+        out: list[Allocation] = []
+        for key, by_rank in attempts.items():
+            insts = [by_rank[r] for r in sorted(by_rank)]
+            alloc = self._allocation(insts[0], job_id=key[0], attempt=key[1], more=insts[1:])
+            # A launch a crash cut short holds fewer machines than its labels say: poll answers it as lost.
+            out.append(alloc.model_copy(update={"nodes": counts[key]}) if counts[key] > alloc.nodes else alloc)
         return out

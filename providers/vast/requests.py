@@ -26,6 +26,24 @@ def label_for(installation: str, req: LaunchRequest) -> str:
     return f"{label_prefix(installation)}{req.job_id}:{req.attempt}"
 
 
+def member_label(label: str, rank: int, count: int) -> str:
+    """The label of one machine of a multi-machine attempt: the attempt's label and ``#<rank>/<count>``, so
+    what a crash left half-rented reads back as such."""
+    return f"{label}#{rank}/{count}"
+
+
+def parse_label(prefix: str, label: str) -> tuple[str, int, int, int] | None:
+    """(job id, attempt, rank, machine count) of one of this installation's labels (``prefix``), else None."""
+    if not label.startswith(prefix):
+        return None
+    rest, _, member = label[len(prefix):].partition("#")
+    job_id, _, attempt = rest.rpartition(":")
+    rank, _, count = member.partition("/")
+    if not job_id or not attempt.isdigit() or (member and not (rank.isdigit() and count.isdigit())):
+        return None
+    return job_id, int(attempt), int(rank or 0), int(count or 1)
+
+
 def create_body(req: LaunchRequest, label: str, *, env: Mapping[str, str], image_login: str | None = None
                 ) -> dict[str, Any]:
     """The body of ``PUT /api/v0/asks/{id}/`` for one machine of a launch: a bid at the ask's ``min_bid`` for a

@@ -7,8 +7,8 @@ the create body's ``env`` (gzip + base64); the wrapper echoes its time-stamped l
 stdout and ends with a ``LOCKSTEP-EXIT {...}`` line, which the broker reads back through Vast's logs API.
 When the command ends the container exits, and the broker destroys the instance.
 
-A manifest is made per machine (``rank``), so a launch of N machines is N create bodies that differ only
-in their rendezvous: ``single`` for one machine; a later step gives multi-machine jobs ``peers``.
+A launch of N machines (an assembled multi-node job) is N create bodies with the same manifest
+(rendezvous ``env``) and an ``env`` that differs only in ``LOCKSTEP_NODE_RANK`` (:func:`peers_env`).
 """
 
 from __future__ import annotations
@@ -77,6 +77,14 @@ def node_manifest(run: RunRequest, *, rendezvous: Mapping[str, Any]) -> dict[str
 def single_node() -> dict[str, Any]:
     """The rendezvous of a one-machine job: rank 0 of 1, its own head."""
     return {"mode": "single"}
+
+
+def peers_env(rank: int, addrs: list[str], port: int) -> dict[str, str]:
+    """What one machine of a multi-machine job adds to its ``env``: its rank and every machine's address in
+    rank order (the wrapper's ``env`` rendezvous turns them into the ``LOCKSTEP_*`` variables), and Vast's
+    docker-style option that opens the rendezvous port (``-p P:P``, as ``vastai create instance --env``
+    sends it)."""
+    return {"LOCKSTEP_NODE_RANK": str(rank), "LOCKSTEP_NODE_ADDRS": ",".join(addrs), f"-p {port}:{port}": "1"}
 
 
 def node_env(run: RunRequest, manifest: Mapping[str, Any]) -> dict[str, str]:

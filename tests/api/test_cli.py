@@ -27,7 +27,9 @@ def lockstep(*args: str, token: str | None = None) -> subprocess.CompletedProces
 
 
 def _without_time(quote: dict) -> dict:
-    return {k: v for k, v in quote.items() if k != "at"}
+    """The quote less what depends on when it was made: its time, and each option's age (taken from it)."""
+    options = [{k: v for k, v in o.items() if k != "age_s"} for o in quote.get("options", [])]
+    return {**{k: v for k, v in quote.items() if k != "at"}, "options": options}
 
 
 @pytest.mark.parametrize("example", ["single-node-8gpu.yaml", "llama-70b-pretrain.yaml"])

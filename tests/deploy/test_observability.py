@@ -63,12 +63,13 @@ def not_exported(exprs: list[str], scrape: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """/metrics of a real `python -m broker serve` on port 0 (a fresh SQLite store, an admin token)."""
+    """/metrics of a real `python -m broker serve` on port 0 (a fresh SQLite store), scraped as Prometheus
+    does: with a token of the read-only metrics role."""
     tmp = tmp_path_factory.mktemp("serve")
     db = str(tmp / "metrics.db")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
     made = subprocess.run([sys.executable, "-m", "broker", "--db", db, "tokens", "create", "--tenant", "ops",
-                           "--role", "admin"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+                           "--role", "metrics"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert made.returncode == 0, made.stderr
     token = made.stdout.strip().splitlines()[-1]
     proc = subprocess.Popen([sys.executable, "-m", "broker", "--db", db, "serve", "--port", "0"],

@@ -101,6 +101,7 @@ def moto_config(endpoint_url: str, **overrides: object) -> AwsConfig:
         "max_attempts": 2,
         "placement_groups": False,  # moto answers CreatePlacementGroup with an HTML 500
         "capacity_reservations": False,  # likewise DescribeCapacityReservations
+        "use_pricing_api": False,  # and the Price List API (tests/aws/test_pricing.py stubs it)
     }
     data.update(overrides)
     return AwsConfig.model_validate(data)
@@ -132,12 +133,14 @@ class FaultRule:
     times: int | None = None  # None: every time
     status: int = 400
     message: str = ""
+    market: str | None = None  # "spot" or "on_demand" (RunInstances' InstanceMarketOptions); None: either
 
-    def matches(self, action: str, zone: str | None, region: str | None) -> bool:
+    def matches(self, action: str, zone: str | None, region: str | None, market: str | None = None) -> bool:
         return (
             self.action == action
             and (self.zone is None or self.zone == zone)
             and (self.region is None or self.region == region)
+            and (self.market is None or self.market == market)
             and self.times != 0
         )
 
@@ -187,11 +190,13 @@ class FaultProxy:
         *,
         region: str | None = None,
         message: str = "",
+        market: str | None = None,
     ) -> FaultRule:
         """Answer ``action`` (e.g. 'RunInstances') with EC2 error ``code``.
 
         Only for requests placed in ``zone`` (Placement.AvailabilityZone) or signed for ``region``
-        when given; only the next ``times`` matching requests when given.
+        when given; only the next ``times`` matching requests when given; only spot (``market="spot"``) or
+        on-demand (``"on_demand"``) launches when given.
         """
         rule = FaultRule(
             action=action,
@@ -201,6 +206,7 @@ class FaultProxy:
             times=times,
             status=_SERVER_CODES.get(code, 400),
             message=message or f"injected {code} by the test proxy",
+            market=market,
         )
         with self._lock:
             self._rules.append(rule)
@@ -254,11 +260,12 @@ class FaultProxy:
         if self._session:
             await self._session.close()
 
-    def _match(self, action: str, zone: str | None, region: str | None) -> FaultRule | None:
+    def _match(self, action: str, zone: str | None, region: str | None,
+               market: str | None = None) -> FaultRule | None:
         with self._lock:
             self.calls.append((action, zone, region))
             for rule in self._rules:
-                if rule.matches(action, zone, region):
+                if rule.matches(action, zone, region, market):
                     if rule.times is not None:
                         rule.times -= 1
                     return rule
@@ -271,7 +278,8 @@ class FaultProxy:
         action = (form.get("Action") or [""])[0]
         zone = (form.get("Placement.AvailabilityZone") or [None])[0]
         region = signed_region(request.headers.get("Authorization", ""))
-        rule = self._match(action, zone, region) if action else None
+        market = (form.get("InstanceMarketOptions.MarketType") or ["on_demand"])[0]
+        rule = self._match(action, zone, region, market) if action else None
         if rule is not None:
             return web.Response(
                 status=rule.status, body=ec2_error_xml(rule.code, rule.message), content_type="text/xml"

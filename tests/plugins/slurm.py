@@ -106,8 +106,9 @@ def slurm_installation(slurm_cluster: SlurmCluster) -> Iterator[str]:
 
 
 @pytest.fixture
-def slurm_config(slurm_cluster: SlurmCluster) -> SlurmConfig:
+def slurm_config(slurm_cluster: SlurmCluster, tmp_path: Path) -> SlurmConfig:
     return SlurmConfig(
+        job_dir=str(tmp_path / "slurm-jobs"),  # the jobs' shared directory: one host, so any local one
         enabled=True,
         url=slurm_cluster.url,
         user=slurm_cluster.user,

@@ -56,6 +56,7 @@ def make_offers(n: int, seed: int) -> list[Offer]:
                             fabric_gbps=rng.choice([0, 10, 100, 400, 3200])),
             reliability=rng.choice([None, 0.5, 0.99]), egress_usd_per_gb=rng.choice([0.0, 0.05]),
             queue_wait_hours=rng.choice([0, 0, 5]),
+            attrs={"containers": "none"} if provider == "slurm" and i % 2 else {},  # host-only pools
         ))
     return out
 
@@ -88,6 +89,8 @@ def random_spec(rng: random.Random, i: int) -> JobSpec:
         data["min_reliability"] = 0.9
     if rng.random() < 0.3:
         data["max_usd_per_hour"] = rng.choice([5, 50])
+    if i % 4 == 0:  # no image: runs on a host-only pool too
+        del data["image"]
     try:
         return parse_spec(data)
     except SpecError as exc:  # e.g. only AMD models with a CUDA image: run it with a vendor-neutral image
@@ -110,6 +113,7 @@ def reference_code(o: Offer, s: JobSpec, unhealthy: set[tuple[str, str]]) -> str
         ("gpu_model", bool(s.gpu) and fold(o.gpu) not in {fold(g) for g in s.gpu}),
         ("runtime", s.runtime in (Runtime.cuda, Runtime.rocm) and spec_gpu is not None
          and spec_gpu.runtime is not s.runtime),
+        ("image", s.image is not None and o.attrs.get("containers") == "none"),
         ("gpu_memory", memory + 1e-9 < memory_needed(s)),
         ("gpus_per_node", o.gpu_count < s.gpus_per_node),
         ("nodes", s.nodes > 1 and o.max_nodes < s.nodes),
@@ -146,7 +150,7 @@ def test_screen_matches_the_plain_reference_for_every_offer(offers: list[Offer])
             assert got == want, (spec.name, o.id, got, want)
             seen.add(got or "ok")
     # The random specs reached every constraint the table checks before costing, and feasibility.
-    assert seen >= {c.code for c in CHECKS[:15]} | {"ok"}, seen
+    assert seen >= {c.code for c in CHECKS[:16]} | {"ok"}, seen
 
 
 def test_quote_counts_every_offer_and_ranks_the_feasible_by_cost(offers: list[Offer]) -> None:

@@ -13,6 +13,8 @@ What the kit checks:
 - errors are the broker.errors hierarchy (a refused or unreachable market raises a ProviderError
   from ``owned``/``offers`` and no secret is in its message);
 - Launches: launch is idempotent on the client token; poll, release and owned behave;
+- AssemblesNodes: several machines are rented as one allocation (owned, polled, released together), and a
+  set one of whose machines cannot be rented leaves nothing behind;
 - DrainsNodes, ListsNodes, HasSpotPriceHistory, RunsBurnIn, Snapshot: each does what it says.
 """
 
@@ -41,8 +43,10 @@ from broker.models import (
     PricePoint,
     Workload,
 )
+from policies.assembly import combine
 from providers.base import LaunchRequest, OfferQuery, Provider, matches
 from providers.capabilities import (
+    AssemblesNodes,
     DrainsNodes,
     HasSpotPriceHistory,
     Launches,
@@ -104,11 +108,15 @@ class OffersContract:
         offers = await p.offers()
         assert offers, f"{p.name}: the real part has offers"
         assert len({o.id for o in offers}) == len(offers), "offer ids are unique"
-        want = OfferSource.snapshot if isinstance(p, Snapshot) else OfferSource.live
+        snapshot = isinstance(p, Snapshot)
+        now = datetime.now(UTC)
         for o in offers:
             assert isinstance(o, Offer) and Offer.model_validate(o.model_dump(mode="json")) == o
-            assert o.source is want, o.id
-            assert o.provider == p.name or want is OfferSource.snapshot, o.id  # a snapshot describes others
+            if snapshot:
+                assert o.source is OfferSource.snapshot, o.id
+            else:  # live; or a price it could not have live (AWS's Price List down), marked with its age or date
+                assert o.source is OfferSource.live or o.observed_at < now, o.id
+            assert o.provider == p.name or snapshot, o.id  # a snapshot describes others
             assert o.locality.provider == o.provider, o.id
             assert o.gpu in GPU_SPECS and o.gpu_count >= 1 and o.gpu_memory_gb > 0, o.id
             assert o.usd_per_hour >= 0 and o.max_nodes >= 1, o.id
@@ -234,10 +242,12 @@ class SpotHistoryContract:
 
     async def test_history_per_region(self, subject: Subject) -> None:
         p = subject.provider
-        assert isinstance(p, HasSpotPriceHistory) and p.price_regions
+        assert isinstance(p, HasSpotPriceHistory)
+        regions = await p.price_regions()
+        assert regions
         now = datetime.now(UTC)
-        got = await p.spot_price_history(dict.fromkeys(p.price_regions), now=now)
-        assert set(got) == set(p.price_regions)
+        got = await p.spot_price_history(dict.fromkeys(regions), now=now)
+        assert set(got) == set(regions)
         for region, points in got.items():
             assert not isinstance(points, BaseException), points
             assert points, f"{region}: the real part has a spot history"
@@ -277,8 +287,49 @@ class SnapshotContract:
         assert {o.observed_at for o in offers} == {p.as_of}
 
 
+class AssemblesNodesContract:
+    """AssemblesNodes: a multi-node launch from several single-machine offers, all or none."""
+
+    async def _members(self, subject: Subject) -> tuple[AssemblesNodes, list[Offer]]:
+        p = subject.provider
+        assert isinstance(p, AssemblesNodes)
+        offers = [o for o in await p.offers(subject.query) if matches(o, subject.query) and o.max_nodes == 1]
+        first = subject.pick(offers)
+        twin = next(o for o in offers if o.id != first.id and (o.gpu, o.gpu_count) == (first.gpu, first.gpu_count))
+        return p, [first, twin]
+
+    @staticmethod
+    def _request(subject: Subject, members: list[Offer]) -> LaunchRequest:
+        one = launch_request(subject, members[0])
+        spec = one.spec.model_copy(update={"gpus": 2 * one.spec.gpus})
+        return one.model_copy(update={"spec": spec, "offer": combine(members), "nodes": len(members),
+                                      "members": members})
+
+    async def test_machines_are_rented_followed_and_released_together(self, subject: Subject) -> None:
+        p, members = await self._members(subject)
+        req = self._request(subject, members)
+        alloc = await p.launch(req)
+        try:
+            assert len(alloc.resource_ids) == 2 and alloc.nodes == 2
+            mine = [a for a in await p.owned() if a.job_id == req.job_id]
+            assert [a.resource_ids for a in mine] == [alloc.resource_ids]
+            status = await p.poll(alloc)
+            assert status.state in (AllocationState.pending, AllocationState.running), status
+        finally:
+            await p.release(alloc)
+        assert [a for a in await p.owned() if a.job_id == req.job_id] == []
+
+    async def test_a_set_that_cannot_all_be_rented_leaves_nothing_behind(self, subject: Subject) -> None:
+        p, members = await self._members(subject)
+        req = self._request(subject, [members[0], members[0]])  # one machine twice: the second rent must fail
+        with pytest.raises(ProviderError):
+            await p.launch(req)
+        assert [a for a in await p.owned() if a.job_id == req.job_id] == []
+
+
 CONTRACTS: dict[type[Provider], type] = {
     Launches: LaunchesContract,
+    AssemblesNodes: AssemblesNodesContract,
     DrainsNodes: DrainsNodesContract,
     ListsNodes: ListsNodesContract,
     HasSpotPriceHistory: SpotHistoryContract,

@@ -12,10 +12,10 @@ from broker.models import Market
 from providers.base import OfferQuery
 from providers.vast import VastProvider
 from tests.plugins.vast import VAST_TEST_KEY
-from tests.providers.kit import LaunchesContract, OffersContract, Subject
+from tests.providers.kit import AssemblesNodesContract, LaunchesContract, OffersContract, Subject
 
 
-class TestVast(OffersContract, LaunchesContract):
+class TestVast(OffersContract, LaunchesContract, AssemblesNodesContract):
     provider_type = VastProvider
 
     @pytest.fixture

@@ -10,9 +10,10 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 from broker.market import Marketplace
-from broker.models import Locality, Market, Offer, OfferSource, Perf
-from providers.base import OfferQuery, Provider
-from providers.capabilities import Snapshot
+from broker.models import Allocation, AllocationStatus, Locality, Market, Offer, OfferSource, Perf, source_label
+from policies.book import SOURCES, OfferBook, offer_columns
+from providers.base import LaunchRequest, OfferQuery, Provider
+from providers.capabilities import Launches, Snapshot
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -152,3 +153,61 @@ async def test_measured_performance_is_merged_into_the_offers_of_that_sku() -> N
     await market.refresh()
     perf = {o.sku: o.perf for o in market.offers()}
     assert perf == {"x": measured, "y": None}
+
+
+class MemoryLauncher(Memory, Launches):
+    """A market in memory that launches (never called here: launchability is what is tested)."""
+
+    async def launch(self, req: LaunchRequest) -> Allocation:
+        raise NotImplementedError
+
+    async def poll(self, alloc: Allocation) -> AllocationStatus:
+        raise NotImplementedError
+
+    async def release(self, alloc: Allocation) -> None:
+        raise NotImplementedError
+
+    async def owned(self) -> list[Allocation]:
+        return []
+
+
+async def test_a_failing_providers_kept_offers_are_tracked_with_their_age() -> None:
+    clock = Clock()
+    a = Memory("a", [offer("a", "x")])
+    market = Marketplace({"a": a}, clock=clock)
+    await market.refresh()
+    assert [(o.source, o.observed_at) for o in market.offers()] == [(OfferSource.live, T0)]
+    clock.now += timedelta(minutes=5)
+    a.fail = RuntimeError("down")
+    await market.refresh()
+    [o] = market.offers()
+    assert o.source is OfferSource.tracked and o.stale and o.observed_at == T0
+    assert source_label(o.source, o.observed_at, clock.now) == "tracked 5m"
+    a.fail = None
+    await market.refresh()
+    assert [o.source for o in market.offers()] == [OfferSource.live]
+
+
+async def test_a_live_providers_own_snapshot_priced_rows_stay_and_launch_but_the_catalogs_do_not() -> None:
+    """The AWS adapter prices on-demand offers from the snapshot when the Price List API fails: those rows are
+    its own (launchable, marked snapshot); the catalog's rows of the same market still give way to them."""
+    catalog = MemorySnapshot("catalog", [offer("aws", "p5", source=OfferSource.snapshot),
+                                         offer("vast", "8x-H100", source=OfferSource.snapshot)])
+    own = offer("aws", "p4d", source=OfferSource.snapshot)
+    own = own.model_copy(update={"id": "aws:on_demand:r1:r1a:p4d"})
+    aws = MemoryLauncher("aws", [own])
+    vast = Memory("vast", [])  # answers nothing: not live for the market, so its snapshot rows stay
+    market = Marketplace({"catalog": catalog, "aws": aws, "vast": vast}, clock=Clock())
+    await market.refresh()
+    got = {o.id: o for o in market.offers()}
+    assert set(got) == {own.id, "snapshot:vast:8x-H100:r1"}
+    assert market.live_markets() == {"aws"}
+    assert market.launchable(got[own.id]) and got[own.id].source is OfferSource.snapshot
+    assert not market.launchable(got["snapshot:vast:8x-H100:r1"])  # a snapshot's row: never launched
+    # The book carries the source; a quote counts feasible rows per market and source.
+    book = market.book()
+    assert [SOURCES[c] for c in book["source"].tolist()] == [OfferSource.snapshot] * 2
+    bare = OfferBook.from_columns(offer_columns(market.offers()))  # no Offer objects: rows made from columns
+    assert {bare.offer(i).source for i in range(len(bare))} == {OfferSource.snapshot}
+    tracked = offer("aws", "x").model_copy(update={"source": OfferSource.tracked})
+    assert OfferBook.from_columns(offer_columns([tracked])).offer(0).source is OfferSource.tracked

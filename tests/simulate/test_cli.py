@@ -35,7 +35,7 @@ def deadline_args(trace: Path, policy: str, **over: str) -> list[str]:
 def test_deadline_every_policy_as_json(tmp_path: Path) -> None:
     trace = write_trace(tmp_path / "t.json", [1] * 30 + [0] * 12 + [1] * 200)
     costs = {}
-    for policy in ("ondemand", "greedy", "uniform-progress", "lockstep", "lockstep-today", "optimal"):
+    for policy in ("ondemand", "greedy", "uniform-progress", "lockstep", "optimal"):
         r = lockstep(*deadline_args(trace, policy), "--json", tmp_path=tmp_path)
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)

@@ -26,7 +26,7 @@ from broker.simulate.deadline import (
 from broker.simulate.traces import SpotTrace, load_spot_trace, spot_trace_files, spot_trace_from
 from tests.simulate.helpers import replay_check
 
-ONLINE = ("ondemand", "greedy", "uniform-progress", "lockstep", "lockstep-today")
+ONLINE = ("ondemand", "greedy", "uniform-progress", "lockstep")
 
 
 def brute_force(js: JobSeconds, avail: list[bool], gap: int) -> float:

@@ -23,6 +23,7 @@ from broker.config import SlurmConfig
 from broker.errors import BadRequestError, CapacityError, ProviderAuthError
 from broker.models import Allocation, AllocationState, Colocate, Fabric, JobSpec, Offer, Workload
 from providers.base import LaunchRequest
+from providers.runtime.logs import parse_log
 from providers.slurm import SlurmProvider
 from tests.plugins.slurm import SlurmCluster
 from tests.waiting import eventually
@@ -67,12 +68,6 @@ def pick(offers: list[Offer], **want: object) -> Offer:
         ):
             return o
     raise AssertionError(f"no offer with {want} in {[o.id for o in offers]}")
-
-
-def read_and_remove(path: Path) -> str:
-    text = path.read_text(encoding="utf-8").strip()
-    path.unlink()
-    return text
 
 
 def sinfo_free(cluster: SlurmCluster) -> dict[str, tuple[str, int, str]]:
@@ -133,8 +128,10 @@ async def test_two_node_infiniband_job_runs_in_one_rack(
     nodes = {n.name: n for n in await provider.client.nodes()}
     for host in status.hosts:
         assert "ib_ndr" in nodes[host].features and "rack1" in nodes[host].features
-    # The job really ran: its batch step saw 8 GPUs.
-    assert read_and_remove(Path(f"/tmp/lockstep-{req.job_id}-{alloc.resource_ids[0]}.out")) == "gpus=0,1,2,3,4,5,6,7"
+    # The job really ran on both nodes, each of its steps with 8 GPUs (its log, from the shared job directory).
+    for rank in (0, 1):
+        lines = [ln.text for ln in parse_log(await provider.job_log(alloc, rank=rank)) if ln.stream == "out"]
+        assert lines == ["gpus=0,1,2,3,4,5,6,7"]
 
 
 async def test_full_pool_pends_queue_estimate_grows_and_cancel_frees(
@@ -289,3 +286,4 @@ async def test_poll_reports_failure(provider: SlurmProvider, slurm_installation:
         "job ended",
     )
     assert status.state is AllocationState.failed
+    assert status.exit is not None and status.exit.exit_code == 3 and status.exit.reason.value == "exited"

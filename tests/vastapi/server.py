@@ -30,7 +30,8 @@ An image in ``VastState.images_without_python`` runs with a PATH that has ``sh``
 
 Faults for the client's retry and error paths (``VastState.faults`` in process, or ``POST /_admin/faults``):
 a fraction of 429/500 answers, a burst of N 429s with ``Retry-After``, the daily search quota 429, a permanent 401,
-asks rented by someone else between search and create, a create whose answer is lost (rented, then 502), and
+asks rented by someone else between search and create (the next one, or the Nth from now),
+a create whose answer is lost (rented, then 502), and
 slow creates (before renting, or between renting and answering).
 ``/_admin/*`` needs no key: loopback only.
 
@@ -83,6 +84,7 @@ class Faults:
     quota_exhausted: bool = False  # searches answer the daily-quota 429
     steal_next_create: int = 0  # the next N creates find their ask just rented by someone else
     lose_next_create: int = 0  # the next N creates rent the ask but answer 502 (the answer is lost)
+    steal_create_number: int = 0  # the Nth create from now (1: the next) finds its ask rented by someone else
     slow_create_s: float = 0.0  # creates wait this long before renting (a launch still in flight)
     slow_create_answer_s: float = 0.0  # creates rent at once, then wait this long before answering
     numbers_as_strings: bool = False  # searches answer prices, counts and speeds as strings ("0.42")
@@ -232,6 +234,7 @@ class VastState:
     daemon_logs: dict[int, list[str]] = field(default_factory=dict)  # instance id → the host daemon's notes
     log_uploads: dict[str, dict[str, Any]] = field(default_factory=dict)  # result URL token → the uploaded log
     images_without_python: set[str] = field(default_factory=set)
+    creates_seen: int = 0  # creates since the faults were last set (for steal_create_number)
     _fault_rng: random.Random = field(default_factory=lambda: random.Random(1))
     _root: Path | None = None
 
@@ -309,6 +312,7 @@ class VastState:
 
     def set_faults(self, faults: Faults) -> None:
         self.faults = faults
+        self.creates_seen = 0
         self._fault_rng = random.Random(faults.seed)
 
     def rent_by_other(self, ask_id: int) -> None:
@@ -506,6 +510,9 @@ async def _create(request: web.Request) -> web.Response:
     offer = state.offers.get(ask_id)
     if offer is not None and ask_id not in state.rented and state.faults.steal_next_create > 0:
         state.faults.steal_next_create -= 1
+        state.rent_by_other(ask_id)
+    state.creates_seen += 1
+    if offer is not None and ask_id not in state.rented and state.creates_seen == state.faults.steal_create_number:
         state.rent_by_other(ask_id)
     if offer is None or ask_id in state.rented:
         return _error(410, "no_such_ask", f"Instance type by id {ask_id} is not available.")

@@ -1,0 +1,252 @@
+"""The run-time contract on Slurm (docs/runtime.md, docs/slurm.md "At run time").
+
+Every attempt of a job gets a folder of the pool's shared job directory (``slurm.job_dir``, a path the
+broker and every node see; on a one-host cluster any local directory)::
+
+    <job_dir>/<installation>/<job>/
+        a<attempt>/wrapper.py          the in-job wrapper, as shipped                 broker writes
+        a<attempt>/manifest.json       its manifest, with the job's secrets (0600)    broker writes; deleted by
+                                                                                       the batch script once srun
+                                                                                       ends, and at release
+        a<attempt>/log-<rank>.txt      each node's time-stamped, masked log           wrapper writes, broker reads
+        a<attempt>/status-<rank>.json  each node's exit status                        wrapper writes, broker reads
+        a<attempt>/slurm.out           the batch step's own output (srun's messages)  Slurm writes
+        checkpoints/                   LOCKSTEP_CHECKPOINT_DIR of every attempt (unless the spec names one)
+
+The batch script runs on the first node of the allocation: it exports every node's address (``NodeAddr``
+of each host of ``SLURM_JOB_NODELIST``, in the allocation's order) and runs the wrapper once per node under
+``srun`` (one task per node); each wrapper takes its rank from ``SLURM_NODEID``, so every node computes the
+same ``LOCKSTEP_*`` rendezvous set. A job's ``image`` runs through the pool's container runtime: pyxis
+(``srun --container-image``; the wrapper then runs inside the image, which needs ``python3``), apptainer (the
+wrapper runs on the host and the command in ``apptainer exec docker://…``); a pool with none refuses it.
+
+Pure functions, plus :class:`JobFiles` for the little file I/O the broker does in the job directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.config import SlurmConfig
+from broker.errors import BadRequestError
+from broker.models import ExitReason, JobExit
+from providers.runtime.logs import parse_log, parse_status
+from providers.runtime.manifest import RunRequest, build_manifest, wrapper_source
+from providers.runtime.wrapper import WRAPPER_FAILED
+
+CONTAINERS_ATTR = "containers"  # Offer.attrs: the pool's container runtime ("none": host only)
+NO_CONTAINERS = "none"
+TIME_LIMIT_MARGIN_S = 120.0  # Slurm's own limit lies this far past max_duration + the wrapper's grace
+
+
+def no_container_reason() -> str:
+    return ("this pool runs commands on its hosts and has no container runtime for the job's image "
+            "(slurm.container_runtime: pyxis or apptainer), so drop `image` or use another pool")
+
+
+@dataclass(frozen=True)
+class AttemptDir:
+    """One attempt's folder in the shared job directory."""
+
+    path: Path
+    job_path: Path  # every attempt's parent (checkpoints live here)
+
+    @classmethod
+    def of(cls, job_dir: str, installation: str, job_id: str, attempt: int) -> AttemptDir:
+        job_path = Path(job_dir) / _safe(installation) / _safe(job_id)
+        return cls(job_path / f"a{attempt}", job_path)
+
+    @property
+    def wrapper(self) -> Path:
+        return self.path / "wrapper.py"
+
+    @property
+    def manifest(self) -> Path:
+        return self.path / "manifest.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.job_path / "checkpoints"
+
+    @property
+    def batch_output(self) -> Path:
+        return self.path / "slurm.out"
+
+    def log(self, rank: int) -> Path:
+        return self.path / f"log-{rank}.txt"
+
+    def status(self, rank: int) -> Path:
+        return self.path / f"status-{rank}.json"
+
+
+def _safe(name: str) -> str:
+    """A path component: no separators, no leading dots."""
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in name).lstrip(".")
+    return cleaned or "_"
+
+
+def slurm_manifest(run: RunRequest, where: AttemptDir, container_runtime: str) -> dict[str, Any]:
+    """The wrapper's manifest (one for every node): rank from Slurm's environment, log and status to the
+    shared folder, the command in apptainer when that is the pool's runtime (pyxis wraps the wrapper itself)."""
+    container = None
+    if run.image and container_runtime == "apptainer":
+        container = {"runtime": "apptainer", "image": run.image}
+    return build_manifest(
+        run,
+        rendezvous={"mode": "env"},
+        logs={"file": str(where.path / "log-{rank}.txt"), "status_dir": str(where.path), "stdout": False},
+        container=container,
+        checkpoint_uri="" if run.checkpoint_uri else f"file://{where.checkpoints}/",
+        checkpoint_dir="" if run.checkpoint_uri else f"{where.checkpoints}/",
+    )
+
+
+def pyxis_image(image: str) -> str:
+    """An image as enroot/pyxis names it: ``registry#repo:tag`` when the name starts with a registry host."""
+    first, sep, rest = image.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost") and "#" not in image:
+        return f"{first}#{rest}"
+    return image
+
+
+def srun_argv(where: AttemptDir, *, image: str | None, container_runtime: str, python: str) -> list[str]:
+    """The step that runs the wrapper on every node: one task per node, each in a node-local TMPDIR."""
+    argv = ["srun", "--export=ALL", "--nodes=${SLURM_JOB_NUM_NODES}", "--ntasks=${SLURM_JOB_NUM_NODES}",
+            "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
+    if image and container_runtime == "pyxis":
+        mount = str(where.job_path)
+        argv += [f"--container-image={pyxis_image(image)}", f"--container-mounts={mount}:{mount}"]
+    # Each node's working directory (where the job's files are unpacked) is its own, even when nodes share
+    # /tmp (one host): the wrapper's default workdir lies under TMPDIR.
+    inner = ('export TMPDIR="${TMPDIR:-/tmp}/lockstep-${SLURM_JOB_ID}-n${SLURM_NODEID}"; mkdir -p "$TMPDIR"; '
+             f'exec {shlex.quote(python)} {shlex.quote(str(where.wrapper))} {shlex.quote(str(where.manifest))}')
+    return [*argv, "sh", "-c", inner]
+
+
+def _shell_line(argv: list[str]) -> str:
+    """argv as a line of bash, keeping ``${SLURM_…}`` expansions in the srun options."""
+    return " ".join(a if a.startswith("--n") and "${" in a else shlex.quote(a) for a in argv)
+
+
+# Every node's address, in the allocation's order (SLURM_NODEID's order): NodeAddr when slurm.conf sets one,
+# else the node's name.
+_ADDRS = r'''addrs=""
+for h in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+  a=$(scontrol show node -o "$h" 2>/dev/null | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p')
+  addrs="${addrs:+$addrs,}${a:-$h}"
+done
+export LOCKSTEP_NODE_ADDRS="$addrs"
+'''
+
+
+def batch_script(where: AttemptDir, *, installation: str, image: str | None, container_runtime: str,
+                 python: str) -> str:
+    """The batch job of one attempt: the rendezvous addresses, the wrapper under srun on every node, the
+    manifest (it holds the secret values) removed once the step ends, the wrapper's exit code as the job's."""
+    srun = _shell_line(srun_argv(where, image=image, container_runtime=container_runtime, python=python))
+    return (
+        "#!/bin/bash\n"
+        f"# submitted by Lockstep ({installation}): the in-job wrapper on every node (docs/runtime.md)\n"
+        + _ADDRS
+        + f"{srun}\n"
+        + "rc=$?\n"
+        + f"rm -f {shlex.quote(str(where.manifest))}\n"
+        + "exit $rc\n"
+    )
+
+
+def time_limit_min(run: RunRequest, estimate_min: int) -> int:
+    """Slurm's time limit: the workload's estimate, but never past max_duration (+ grace + a margin): Slurm
+    ends the job even if its wrapper did not stop the command."""
+    if not run.max_duration_s:
+        return estimate_min
+    cap = math.ceil((run.max_duration_s + run.grace_s + TIME_LIMIT_MARGIN_S) / 60)
+    return max(1, cap)
+
+
+def slurm_exit_code(raw: int | None) -> int | None:
+    """slurmrestd 22.05's ``exit_code`` is the wait status (code << 8 | signal); later versions the code."""
+    if raw is None:
+        return None
+    if raw > 255:
+        return (raw >> 8) & 0xFF
+    return raw
+
+
+def exit_without_status(code: int | None, state: str, log_text: str, batch_output: str) -> JobExit:
+    """How a Slurm job ended whose nodes wrote no status (the wrapper could not run: no python3, a bad
+    image, the step refused): Slurm's exit code and what the logs say."""
+    lines = [ln.text for ln in parse_log(log_text)][-5:]
+    lines += [ln for ln in batch_output.splitlines() if ln.strip()][-4:]
+    reason = ExitReason.max_duration if state == "TIMEOUT" else ExitReason.error
+    why = f"Slurm job ended {state} without the wrapper's exit status"
+    return JobExit(exit_code=code if code else WRAPPER_FAILED, reason=reason, last_lines=[*lines, why][-10:])
+
+
+class JobFiles:
+    """The broker's side of the shared job directory: stage an attempt, read its logs and statuses back."""
+
+    def __init__(self, config: SlurmConfig, installation: str) -> None:
+        self.config = config
+        self.installation = installation
+
+    def where(self, job_id: str, attempt: int) -> AttemptDir:
+        return AttemptDir.of(self.config.job_dir, self.installation, job_id, attempt)
+
+    def _stage(self, where: AttemptDir, manifest: dict[str, Any]) -> None:
+        where.path.mkdir(parents=True, exist_ok=True)
+        where.checkpoints.mkdir(parents=True, exist_ok=True)
+        tmp = where.wrapper.with_suffix(".tmp")
+        tmp.write_text(wrapper_source(), encoding="utf-8")
+        os.replace(tmp, where.wrapper)
+        # The manifest holds secret values: created 0600, never readable by anyone else on a shared filesystem.
+        tmp = where.manifest.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(manifest, fh, sort_keys=True)
+        os.replace(tmp, where.manifest)
+
+    async def stage(self, run: RunRequest) -> AttemptDir:
+        where = self.where(run.job_id, run.attempt)
+        manifest = slurm_manifest(run, where, self.config.container_runtime)
+        try:
+            await asyncio.to_thread(self._stage, where, manifest)
+        except OSError as exc:  # a job directory the broker cannot write: configuration, not capacity
+            raise BadRequestError("slurm", f"slurm.job_dir: cannot write {where.path} "
+                                           f"({exc.strerror or type(exc).__name__})", "job_dir") from None
+        return where
+
+    @staticmethod
+    def _read(path: Path) -> str:
+        try:
+            return path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    async def statuses(self, where: AttemptDir, nodes: int) -> dict[int, JobExit]:
+        def read() -> dict[int, JobExit]:
+            out: dict[int, JobExit] = {}
+            for rank in range(nodes):
+                ended = parse_status(self._read(where.status(rank)) or "null")
+                if ended is not None:
+                    out[rank] = ended.model_copy(update={"rank": rank})
+            return out
+
+        return await asyncio.to_thread(read)
+
+    async def log(self, where: AttemptDir, rank: int) -> str:
+        return await asyncio.to_thread(self._read, where.log(rank))
+
+    async def batch_output(self, where: AttemptDir) -> str:
+        return await asyncio.to_thread(self._read, where.batch_output)
+
+    async def forget(self, where: AttemptDir) -> None:
+        """Delete the attempt's manifest (it holds the job's secret values); logs and statuses stay."""
+        await asyncio.to_thread(where.manifest.unlink, True)

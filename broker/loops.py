@@ -104,8 +104,10 @@ class BrokerLoops:
 
         ``quick``: only the jobs in ``hints`` and the retries now due, not a look over every pending job."""
         now = self.clock()
-        hinted = set(self.hints)
-        self.hints.difference_update(hinted)
+        hinted: set[str] = set()
+        if job_ids is None:  # this pass looks at every hinted job (a full one at every pending job)
+            hinted = set(self.hints)
+            self.hints.difference_update(hinted)
         if job_ids is not None:
             pending = await asyncio.to_thread(self.store.jobs_in_states, [JobState.pending], job_ids)
         elif quick:

@@ -174,6 +174,10 @@ def serve(
     settings = c.settings
     logging.getLogger().setLevel(settings.log_level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if workers > 1:
+        from broker.api.workers import check_workers
+
+        check_workers(settings, workers)  # before any output: a refusal is one line
     # On stderr until it listens: opening and migrating the store, reconciling jobs with the providers.
     progress = Progress("starting: opening the store, reconciling jobs with the providers")
 
@@ -183,11 +187,14 @@ def serve(
         print(f"lockstep: serving on {url}", flush=True)
 
     if workers > 1:
-        from broker.api.workers import check_workers, run_workers
+        from broker.api.workers import run_workers
 
-        check_workers(settings, workers)
-        sys.exit(run_workers(settings, host or settings.api.host, settings.api.port if port is None else port,
-                             workers, ready=ready))
+        try:
+            status = run_workers(settings, host or settings.api.host, settings.api.port if port is None else port,
+                                 workers, ready=ready)
+        finally:
+            progress.done()
+        sys.exit(status)
     try:
         asyncio.run(run_api(settings, host or settings.api.host, settings.api.port if port is None else port,
                             ready=ready))

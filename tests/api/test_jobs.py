@@ -33,9 +33,12 @@ def test_quote_summarises_rejections_by_default_and_spells_them_out_on_request(a
     assert summary["rejected"] == [] and sum(summary["rejected_counts"].values()) > 0
     assert len(detailed["rejected"]) == 4 and all(r["reason"] and r["code"] for r in detailed["rejected"])
     assert detailed["rejected_counts"] == summary["rejected_counts"]
-    assert detailed["options"] == summary["options"]
+    def picks(q: dict) -> list[tuple[str, float]]:  # the offers and their costs (each option's age moves on)
+        return [(o["offer_id"], o["expected_cost_usd"]) for o in q["options"]]
+
+    assert picks(detailed) == picks(summary)
     assert again == summary  # the same spec on the same book within a second: the same answer
-    assert len(other["options"]) == 1 and other["options"][0] == summary["options"][0]  # top is part of the key
+    assert picks(other) == picks(summary)[:1]  # top is part of what is reused
 
 
 @pytest.mark.parametrize(

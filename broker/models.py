@@ -369,6 +369,12 @@ def _kinds(tp: Any) -> set[Any]:
     return {origin or tp}
 
 
+@functools.cache
+def _field_kinds(model: type[BaseModel], name: str) -> frozenset[Any]:
+    """``_kinds`` of a model field's annotation, worked out once per field (specs are validated often)."""
+    return frozenset(_kinds(model.model_fields[name].annotation) - {type(None)})
+
+
 class SpecModel(BaseModel):
     """Base of the models users write: unknown fields are errors, numbers are finite, text is clean,
     ``true``/``false`` where the schema says number is an error, not 1 or 0, and so is a number where it
@@ -381,7 +387,7 @@ class SpecModel(BaseModel):
     @classmethod
     def _numbers_are_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, bool | int | float) and info.field_name is not None:
-            kinds = _kinds(cls.model_fields[info.field_name].annotation) - {type(None)}
+            kinds = _field_kinds(cls, info.field_name)
             if isinstance(value, bool) and kinds and kinds <= {int, float}:
                 raise ValueError(f"a number, not {json.dumps(value)}")
             if kinds == {datetime}:  # not seconds since 1970: a date and time, as the schema says

@@ -415,10 +415,12 @@ class Settings(BaseSettings):
 
     def secret_values(self) -> list[str]:
         """The secrets this configuration holds in plain text, for the log redactor."""
+        out = [s.get_secret_value() for s in (self.slurm.token, self.vast.api_key, self.tracker.webhook_url) if s]
+        if _plain_sqlite(self.db_url):
+            return out
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError
 
-        out = [s.get_secret_value() for s in (self.slurm.token, self.vast.api_key, self.tracker.webhook_url) if s]
         try:
             password = make_url(self.db_url).password
         except (ArgumentError, ValueError):
@@ -432,8 +434,20 @@ class Settings(BaseSettings):
         return data
 
 
+def _plain_sqlite(url: str) -> bool:
+    """A SQLite file or memory URL (no user, no password, nothing to check): told without importing
+    SQLAlchemy, which a command that never opens the store (``lockstep quote``) should not pay for."""
+    for prefix in ("sqlite://", "sqlite+pysqlite://"):
+        if url.startswith(prefix):
+            rest = url[len(prefix):]
+            return rest == "" or (rest.startswith("/") and "?" not in rest)
+    return False
+
+
 def mask_db_url(url: str) -> str:
     """The URL with its password replaced by ``***``; an URL that does not parse is masked whole."""
+    if _plain_sqlite(url):
+        return url
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
@@ -718,6 +732,8 @@ class _Layers:
 
 def db_url_problem(url: str) -> str:
     """Why a database URL cannot be used, or "" (never repeats the URL: it may carry a password)."""
+    if _plain_sqlite(url):
+        return ""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
@@ -740,6 +756,8 @@ def db_url_problem(url: str) -> str:
 
 
 def _has_password(url: str) -> bool:
+    if _plain_sqlite(url):
+        return False
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 
 
 class Vendor(StrEnum):
@@ -233,6 +234,7 @@ _ALIASES: dict[str, str] = {
 _VENDOR_WORDS = re.compile(r"nvidia|amd|instinct")
 
 
+@lru_cache(maxsize=4096)  # pure; specs and offers fold the same few names over and over
 def _fold(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", _VENDOR_WORDS.sub("", name.lower()))
 
@@ -246,6 +248,7 @@ _GPU_NAME = re.compile(r"^(?=[^0-9]*[0-9])[A-Za-z0-9]+(?:[ ._-][A-Za-z0-9]+){0,5
 MAX_GPU_NAME = 40
 
 
+@lru_cache(maxsize=4096)
 def normalise_gpu(name: str, memory_gb: float | None = None) -> str | None:
     """The canonical model for a vendor spelling, or None when unknown.
 
@@ -267,6 +270,7 @@ def normalise_gpu(name: str, memory_gb: float | None = None) -> str | None:
     return canon
 
 
+@lru_cache(maxsize=4096)
 def accepted_models(name: str) -> tuple[str, ...] | None:
     """What a job's ``gpu: NAME`` accepts: a family ("A100") or one model; None when unknown."""
     key = _fold(name)
@@ -282,6 +286,7 @@ def looks_like_gpu(name: str) -> bool:
     return len(name) <= MAX_GPU_NAME and _GPU_NAME.match(name) is not None
 
 
+@lru_cache(maxsize=4096)  # a ValueError is not cached: garbage costs its fold each time
 def resolve_request(name: str) -> tuple[str, ...]:
     """The models a requested name stands for.
 

@@ -50,8 +50,6 @@ ENDED = (AllocationState.released, AllocationState.failed, AllocationState.succe
 # Vast instance, for one, still exists, stopped, until it is destroyed).
 GONE = (AllocationState.released,)
 # Job states in which a job holds, or is getting, an allocation.
-HOLDING = (JobState.placing, JobState.provisioning, JobState.running)
-
 # Records and returns what an allocation's burn-in step has measured so far (one benchmark a node; each
 # result is recorded once). The service supplies it: recording judges the result with the health gates.
 BurnInResults = Callable[[Job, Allocation], Awaitable[list[Benchmark]]]
@@ -224,14 +222,18 @@ class JobLifecycle:
 
     async def note_waiting(self, job: Job, reason: str) -> None:
         """Say why a pending job stays pending (no state change, no event; written only when it changed)."""
-        if job.reason != reason:
-            await asyncio.to_thread(self.store.update_job, job.id, reason=reason)
+        await self.note_waiting_many([(job, reason)])
+
+    async def note_waiting_many(self, notes: Sequence[tuple[Job, str]]) -> None:
+        """:meth:`note_waiting` for many jobs in one write (a placement pass's worth); only jobs still
+        pending are changed."""
+        changed = {job.id: reason for job, reason in notes if job.reason != reason}
+        if changed:
+            await asyncio.to_thread(self.store.note_reasons, changed)
 
     async def start_attempt(self, job_id: str) -> int:
         """Count one more launch attempt and persist it (before its intent and the provider call)."""
-        fresh = await asyncio.to_thread(self.store.get_job, job_id)
-        attempt = fresh.attempts + 1
-        await asyncio.to_thread(self.store.update_job, job_id, attempts=attempt)
+        attempt: int = await asyncio.to_thread(self.store.next_attempt, job_id)
         return attempt
 
     async def launched(self, job_id: str, option: QuoteOption, alloc_id: str, resource_ids: list[str],

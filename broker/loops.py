@@ -11,6 +11,7 @@ row-locked state change (pending → placing, only from pending), so two replica
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import secrets
@@ -22,7 +23,7 @@ from broker.config import Settings
 from broker.errors import ProviderError
 from broker.lifecycle import BurnInResults, JobLifecycle, PlacementLimits, PlacementWait
 from broker.market import CircuitOpen, Marketplace
-from broker.models import Allocation, AllocationState, Job, JobState, Market, utcnow
+from broker.models import Allocation, AllocationState, Job, JobSpec, JobState, Market, utcnow
 from broker.reconcile import ReconcileReport, reconcile
 from broker.router import PlacementResult, Router
 from broker.secrets import SecretSources
@@ -38,6 +39,14 @@ RETRY_AFTER = timedelta(seconds=15)  # a job that could not be placed waits this
 # jobs and intents, once older than reconcile's stale_after) and retries releases that failed.
 RECONCILE_EVERY_S = 300.0
 PLACING_AT_ONCE = 8  # placements (launches) in flight at once in one pass
+# Passes woken by submissions start at most this often: a burst of submissions is placed by one pass
+# rather than one pass (and one look over the pending queue) per submission.
+PLACE_MIN_GAP_S = 0.25
+# A pass woken by submissions looks only at the jobs this process was told of (``hints``: just submitted,
+# just requeued) and at the retries that came due, without reading every pending job's id; a full look
+# over the queue (which also finds other processes' jobs) is made at least this often.
+FULL_LOOK_EVERY_S = 1.0
+MAX_HINTS = 100_000  # past this, hints are dropped: the next full look finds those jobs anyway
 
 
 class BrokerLoops:
@@ -59,6 +68,7 @@ class BrokerLoops:
         on_placed: Callable[[str, str], None] | None = None,
         wake: asyncio.Event | None = None,
         burn_in: BurnInResults | None = None,
+        hints: set[str] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -70,6 +80,9 @@ class BrokerLoops:
         self.router = Router(settings, store, market, clock=clock, preemption_rates=preemption_rates,
                              on_placed=on_placed, lifecycle=self.lifecycle)
         self.wake = wake or asyncio.Event()
+        self.hints: set[str] = hints if hints is not None else set()  # job ids to look at in a woken pass
+        self._woken = False  # the last wait of the place loop ended on ``wake``
+        self._full_look_at: float | None = None  # loop time of the last full look over the queue
         self._retry_at: dict[str, datetime] = {}
         b = settings.broker
         self.limits = PlacementLimits(b.placement_rounds, b.placement_timeout_s)
@@ -82,46 +95,76 @@ class BrokerLoops:
         self.reconciled: tuple[datetime, ReconcileReport] | None = None  # the last completed one (metrics)
 
     # ------------------------------------------------------------------ placing
-    async def place_pending(self, job_ids: list[str] | None = None) -> list[PlacementResult]:
-        """One placement pass over pending jobs (all, or those named). Returns what happened to each."""
+    async def _place_tick(self) -> list[PlacementResult]:
+        """The place loop's pass: a quick one when woken by a submission soon after a full one."""
+        t = asyncio.get_running_loop().time()
+        quick = self._woken and self._full_look_at is not None and t - self._full_look_at < FULL_LOOK_EVERY_S
+        return await self.place_pending(quick=quick)
+
+    async def place_pending(self, job_ids: list[str] | None = None, *, quick: bool = False) -> list[PlacementResult]:
+        """One placement pass over pending jobs (all, or those named). Returns what happened to each.
+
+        ``quick``: only the jobs in ``hints`` and the retries now due, not a look over every pending job."""
         now = self.clock()
-        pending = await asyncio.to_thread(self.store.jobs_in_states, [JobState.pending])
+        hinted: set[str] = set()
+        if job_ids is None:  # this pass looks at every hinted job (a full one at every pending job)
+            hinted = set(self.hints)
+            self.hints.difference_update(hinted)
         if job_ids is not None:
-            wanted = set(job_ids)
-            pending = [j for j in pending if j.id in wanted]
+            pending = await asyncio.to_thread(self.store.jobs_in_states, [JobState.pending], job_ids)
+        elif quick:
+            due = [*hinted, *(k for k, at in self._retry_at.items() if at <= now)]
+            due = [k for k in dict.fromkeys(due) if self._retry_at.get(k, now) <= now]
+            pending = await asyncio.to_thread(self.store.jobs_in_states, [JobState.pending], due) if due else []
         else:
-            waiting = {j.id for j in pending}  # forget the waits of jobs no longer pending
+            self._full_look_at = asyncio.get_running_loop().time()
+            # Look over every pending job's id, but read in full (spec and all) only those due a try now:
+            # a queue of thousands waiting out RETRY_AFTER costs a light scan, not thousands of models.
+            heads = await asyncio.to_thread(self.store.job_heads, JobState.pending)
+            waiting = {job_id for job_id, _ in heads}  # forget the waits of jobs no longer pending
             self._waits = {k: v for k, v in self._waits.items() if k in waiting}
-            pending = [j for j in pending if self._retry_at.get(j.id, now) <= now]
+            self._retry_at = {k: v for k, v in self._retry_at.items() if k in waiting}
+            due = [job_id for job_id, _ in heads if self._retry_at.get(job_id, now) <= now]
+            pending = await asyncio.to_thread(self.store.jobs_in_states, [JobState.pending], due) if due else []
         results: list[PlacementResult] = []
         unhealthy = await asyncio.to_thread(self.store.unhealthy_nodes) if pending else {}
         held = await self.router.held_offers() if pending else set()
         # Same spec, same book, same moment: same verdict. Many jobs share a spec (a sweep, a
         # batch), and ranking is the CPU cost of a pass, so each distinct spec is ranked once.
         verdicts: dict[str, str] = {}
+        by_object: dict[int, tuple[JobSpec, str]] = {}  # jobs read together share spec objects (store)
+        waits: list[tuple[Job, str]] = []  # jobs that stay pending, and why
 
         def unplaceable(job: Job) -> str:
+            seen = by_object.get(id(job.spec))
+            if seen is not None and seen[0] is job.spec:
+                return seen[1]
             key = job.spec.model_dump_json()
             if key not in verdicts:
                 verdicts[key] = self.router.unplaceable_reason(*self.router.rank(job, now, unhealthy, held))
+            by_object[id(job.spec)] = (job.spec, verdicts[key])
             return verdicts[key]
+
+        def stays(job: Job) -> bool:
+            """Look before claiming: a job nothing can run stays pending without churning events."""
+            why = unplaceable(job)
+            if why:
+                self._retry_at[job.id] = now + RETRY_AFTER
+                waits.append((job, why))  # written for the whole pass at once, below
+                results.append(PlacementResult(job, False, why))
+            return bool(why)
 
         async def one(job: Job) -> None:
             if self.limits.may_be_due(job, now) and await self._give_up(job, now, results):
                 return
-            # Look before claiming: a job nothing can run stays pending without churning events.
-            why = unplaceable(job)
-            if why:
-                self._retry_at[job.id] = now + RETRY_AFTER
-                await self.lifecycle.note_waiting(job, why)
-                results.append(PlacementResult(job, False, why))
+            if stays(job):
                 return
             async with self._sem:
                 claimed = await self.lifecycle.claim(job.id, self.worker)
                 if claimed is None:
                     return
                 try:
-                    res = await self.router.place(claimed, unhealthy)
+                    res = await self.router.place(claimed, unhealthy, now=now)
                 except Exception as exc:  # never leave a claimed job stuck in placing
                     log.exception("placing %s", job.id)
                     res = await self.router.back_to_pending(claimed, f"placement error: {exc!r}"[:300], [], {})
@@ -132,7 +175,17 @@ class BrokerLoops:
                         return
                 results.append(res)
 
-        await asyncio.gather(*(one(j) for j in pending))
+        # Jobs that cannot be placed now are settled here, without a task each (a queue of thousands
+        # of one unplaceable spec is a loop, not thousands of tasks), handing the event loop back now and
+        # then so that requests are not held up by a long pass.
+        tasks = []
+        for i, job in enumerate(pending):
+            if self.limits.may_be_due(job, now) or not stays(job):
+                tasks.append(one(job))
+            if i % 256 == 255:
+                await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        await self.lifecycle.note_waiting_many(waits)
         return results
 
     async def _give_up(self, job: Job, now: datetime, results: list[PlacementResult]) -> bool:
@@ -225,13 +278,17 @@ class BrokerLoops:
             moved = await self.lifecycle.follow(alloc, status.state, status.reason, status.hosts, status.exit)
             if moved is JobState.pending:  # requeued: place it again at once
                 self._retry_at.pop(alloc.job_id, None)
+                if len(self.hints) < MAX_HINTS:
+                    self.hints.add(alloc.job_id)
                 self.wake.set()
         return polled
 
     # ------------------------------------------------------------------ loops
     async def _loop(self, name: str, interval: float, fn: Callable[[], Awaitable[Any]],
-                    wake: asyncio.Event | None = None) -> None:
+                    wake: asyncio.Event | None = None, min_gap: float = 0.0) -> None:
+        loop = asyncio.get_running_loop()
         while not self._stop.is_set():
+            started = loop.time()
             try:
                 await fn()
             except Exception:
@@ -243,7 +300,12 @@ class BrokerLoops:
             for p in pending:
                 p.cancel()
             if wake is not None:
+                self._woken = wake.is_set()
                 wake.clear()
+            rest = started + min_gap - loop.time()
+            if rest > 0 and not self._stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), rest)
 
     async def reconcile_periodic(self) -> None:
         """A reconciliation beside this process's own placement loop (never exclusive)."""
@@ -269,7 +331,8 @@ class BrokerLoops:
         self._stop.clear()
         self._tasks = [
             asyncio.create_task(self._loop("refresh", b.refresh_interval_s, self.market.refresh)),
-            asyncio.create_task(self._loop("place", b.place_interval_s, self.place_pending, self.wake)),
+            asyncio.create_task(self._loop("place", b.place_interval_s, self._place_tick, self.wake,
+                                           min(PLACE_MIN_GAP_S, b.place_interval_s))),
             asyncio.create_task(self._loop("poll", b.poll_interval_s, self.poll_once)),
             asyncio.create_task(self._loop("reconcile", RECONCILE_EVERY_S, self.reconcile_periodic)),
         ]

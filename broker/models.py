@@ -139,6 +139,8 @@ class JobState(StrEnum):
 
 
 TERMINAL_STATES: frozenset[JobState] = frozenset({JobState.succeeded, JobState.failed, JobState.cancelled})
+# States in which a job holds (or is getting) an allocation.
+HOLDING: tuple[JobState, ...] = (JobState.placing, JobState.provisioning, JobState.running)
 
 ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.pending: frozenset({JobState.placing, JobState.cancelled, JobState.failed}),
@@ -376,6 +378,12 @@ def _kinds(tp: Any) -> set[Any]:
     return {origin or tp}
 
 
+@functools.cache
+def _field_kinds(model: type[BaseModel], name: str) -> frozenset[Any]:
+    """``_kinds`` of a model field's annotation, worked out once per field (specs are validated often)."""
+    return frozenset(_kinds(model.model_fields[name].annotation) - {type(None)})
+
+
 class SpecModel(BaseModel):
     """Base of the models users write: unknown fields are errors, numbers are finite, text is clean,
     ``true``/``false`` where the schema says number is an error, not 1 or 0, and so is a number where it
@@ -388,7 +396,7 @@ class SpecModel(BaseModel):
     @classmethod
     def _numbers_are_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, bool | int | float) and info.field_name is not None:
-            kinds = _kinds(cls.model_fields[info.field_name].annotation) - {type(None)}
+            kinds = _field_kinds(cls, info.field_name)
             if isinstance(value, bool) and kinds and kinds <= {int, float}:
                 raise ValueError(f"a number, not {json.dumps(value)}")
             if kinds == {datetime}:  # not seconds since 1970: a date and time, as the schema says
@@ -702,9 +710,11 @@ class JobSpec(SpecModel):
             return submitted + parse_duration(self.deadline_in)
         return None
 
-    def fingerprint(self) -> str:
-        """Stable hash of the normalised spec (idempotency, dedup)."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    def fingerprint(self, dumped: dict[str, Any] | None = None) -> str:
+        """Stable hash of the normalised spec (idempotency, dedup). ``dumped``: its ``model_dump(mode="json")``
+        when the caller has it already."""
+        blob = json.dumps(dumped if dumped is not None else self.model_dump(mode="json"), sort_keys=True,
+                          separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from broker.errors import ConflictError, NotFoundError, ProviderError
-from broker.lifecycle import HOLDING, JobLifecycle
-from broker.models import Allocation, AllocationState, Job, JobState, utcnow
+from broker.lifecycle import JobLifecycle
+from broker.models import HOLDING, Allocation, AllocationState, Job, JobState, utcnow
 from broker.store import LIVE_STATES
 from providers.base import Provider
 from providers.capabilities import Launches

@@ -50,6 +50,7 @@ from broker.models import (
     Offer,
     Quote,
     QuoteOption,
+    Tenant,
     month_start,
     utcnow,
 )
@@ -137,6 +138,10 @@ class Router:
         self._taken_at: datetime | None = None
         self._held: tuple[float, set[str]] | None = None  # (monotonic time read, offer ids)
         self.spot_markets = SpotMarkets(store)
+        # Quotes of this pass: (book, moment, held offers, {(spec, depth, taken): quote}).
+        self._quotes: tuple[object, datetime | None, object, dict[tuple[str, int, frozenset[str]], Quote]] = (
+            None, None, None, {})
+        self._tenants: dict[str, tuple[float, Tenant | None]] = {}  # (monotonic time read, caps)
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -163,8 +168,17 @@ class Router:
         # Taken machines stay in the book until the next refresh: rank past them, or a busy market
         # would show "nothing launchable" long before it runs out.
         held_here = sum(1 for i in held if (o := self.market.find(i)) is not None and single_unit(o))
-        q = rank_quote(book, job.spec, now=now, top=TOP_OPTIONS + len(self._taken) + held_here, max_rejected=20,
-                       exclude=self._taken.union(held))  # no assembly of machines already taken
+        top = TOP_OPTIONS + len(self._taken) + held_here
+        # Same book, moment, held and taken machines, spec and depth: the same quote. A pass ranks each spec
+        # once, not once per job (what is launchable now is filtered below, each time).
+        if self._quotes[0] is not book or self._quotes[1] != now or self._quotes[2] is not held:
+            self._quotes = (book, now, held, {})
+        taken = frozenset(self._taken)
+        key = (job.spec.model_dump_json(), top, taken)
+        q = self._quotes[3].get(key)
+        if q is None:
+            q = self._quotes[3][key] = rank_quote(book, job.spec, now=now, top=top, max_rejected=20,
+                                                  exclude=taken.union(held))  # no assembly of machines taken
         options = [o for o in q.options if self._launchable(o, self.market.find(o.offer_id), held)]
         return q, options[:TOP_OPTIONS]
 
@@ -178,7 +192,7 @@ class Router:
         """
         now = time.monotonic()
         if self._held is None or now - self._held[0] > HELD_TTL_S:
-            self._held = (now, {m for a in await self._db(self.store.live_allocations) for m in member_ids(a.offer_id)})
+            self._held = (now, {m for o in await self._db(self.store.held_offer_ids) for m in member_ids(o)})
         return self._held[1]
 
     async def _launching_elsewhere(self) -> set[str]:
@@ -200,11 +214,25 @@ class Router:
                     "or come only from the read-only catalog")
         return ""
 
+    async def _tenant(self, name: str) -> Tenant | None:
+        """The tenant's caps (None: no such tenant, no caps), read at most once a second per tenant: a pass
+        placing thousands of one tenant's jobs reads them once. What is spent and held is read each time."""
+        t = time.monotonic()
+        hit = self._tenants.get(name)
+        if hit is None or t - hit[0] > HELD_TTL_S:
+            try:
+                tenant: Tenant | None = await self._db(self.store.get_tenant, name)
+            except NotFoundError:
+                tenant = None
+            if len(self._tenants) > 10_000:
+                self._tenants.clear()
+            hit = self._tenants[name] = (t, tenant)
+        return hit[1]
+
     async def _budget(self, job: Job, now: datetime) -> tuple[float | None, str]:
         """(budget left in USD or None, reason the tenant's caps forbid the job or '')."""
-        try:
-            tenant = await self._db(self.store.get_tenant, job.tenant)
-        except NotFoundError:
+        tenant = await self._tenant(job.tenant)
+        if tenant is None:
             return None, ""
         left = None
         if tenant.monthly_budget_usd is not None:
@@ -248,12 +276,14 @@ class Router:
         )
 
     # ------------------------------------------------------------------ placing
-    async def place(self, job: Job, unhealthy: dict[tuple[str, str], str] | None = None) -> PlacementResult:
+    async def place(self, job: Job, unhealthy: dict[tuple[str, str], str] | None = None, *,
+                    now: datetime | None = None) -> PlacementResult:
         """Place a job the caller has claimed (state placing). Leaves it provisioning or pending.
 
         ``unhealthy``: the node-health map the caller's pass already read (read here when absent).
+        ``now``: the moment the caller's pass ranks for (its quotes are shared by the jobs of the pass).
         """
-        now = self.clock()
+        now = now or self.clock()
         if unhealthy is None:
             unhealthy = await self._db(self.store.unhealthy_nodes)
         held = await self.held_offers()

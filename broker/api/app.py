@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -83,13 +84,15 @@ def _service(start_loops: bool, close_service: bool) -> Callable[[web.Applicatio
     return ctx
 
 
-async def start_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
-    """Start ``app`` on host:port (0: any free port); returns the runner and the base URL."""
+async def start_server(app: web.Application, host: str, port: int, *,
+                       reuse_port: bool = False) -> tuple[web.AppRunner, str]:
+    """Start ``app`` on host:port (0: any free port); returns the runner and the base URL. ``reuse_port``:
+    share the port with other processes (SO_REUSEPORT; the kernel spreads connections over them)."""
     # Long query strings get a JSON 400 from the handlers rather than aiohttp's plain-text one at 8 KiB.
     runner = web.AppRunner(app, access_log=logging.getLogger("lockstep.access"), max_line_size=MAX_LINE,
                            max_field_size=MAX_LINE)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
     await site.start()
     sockets = getattr(site._server, "sockets", None) or []  # the real port when 0 was asked for
     bound = sockets[0].getsockname()[1] if sockets else port
@@ -97,15 +100,30 @@ async def start_server(app: web.Application, host: str, port: int) -> tuple[web.
 
 
 async def serve(settings: Settings, host: str, port: int, *,
-                ready: Callable[[str], None] | None = None) -> None:
-    """Run the API and the broker loops until SIGTERM or Ctrl-C, then stop them cleanly."""
+                ready: Callable[[str], None] | None = None, worker: int | None = None) -> None:
+    """Run the API and the broker loops until SIGTERM or Ctrl-C, then stop them cleanly.
+
+    ``worker``: this process is worker ``worker`` of ``lockstep serve --workers N`` (broker/api/workers.py):
+    it shares the port with the others and names itself in a ``Lockstep-Worker`` response header."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not on every platform
             loop.add_signal_handler(sig, stop.set)
     app = create_app(Lockstep(settings))
-    runner, url = await start_server(app, host, port)
+    if worker is not None:
+        name = str(worker)
+
+        async def tag(_request: web.Request, response: web.StreamResponse) -> None:
+            response.headers["Lockstep-Worker"] = name
+
+        app.on_response_prepare.append(tag)
+    runner, url = await start_server(app, host, port, reuse_port=worker is not None)
+    # What start-up built (modules, models, the store's engine, the first offer book) lives as long as the
+    # process: moved out of the collector's sight, a full collection no longer walks it, which was a pause
+    # of ~100 ms for every request in flight about once a second under load (bench/api.py, POST /v1/jobs).
+    gc.collect()
+    gc.freeze()
     log.info("serving on %s", url)
     if ready is not None:
         ready(url)

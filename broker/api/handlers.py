@@ -123,7 +123,8 @@ async def post_quote(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
     params = parse_query(request, QuoteParams)
     spec = parse_spec(await read_json(request))
-    return render(await svc.quote(spec, top=params.top, max_rejected=params.max_rejected))
+    text = await svc.quote_json(spec, top=params.top, max_rejected=params.max_rejected)
+    return web.Response(text=text, content_type="application/json")
 
 
 async def get_offers(request: web.Request) -> web.Response:

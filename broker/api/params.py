@@ -25,8 +25,9 @@ class QuoteParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     top: int = Field(default=10, ge=1, le=1000, description="options to return")
-    max_rejected: int = Field(default=20, ge=0, le=1_000_000,
-                              description="rejected offers to spell out (all are counted in rejected_counts)")
+    max_rejected: int = Field(default=0, ge=0, le=1_000_000,
+                              description="rejected offers to spell out, with their reasons (all are counted in "
+                                          "rejected_counts, the summary every quote carries)")
 
 
 class OfferParams(OfferFilter):

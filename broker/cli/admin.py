@@ -163,6 +163,8 @@ def serve(
     host: Annotated[str | None, typer.Option("--host", help="Address (default: api.host).")] = None,
     port: Annotated[int | None, typer.Option("--port", min=0, max=65535,
                                              help="Port (default: api.port; 0 picks a free one).")] = None,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Server processes sharing the port "
+                                         "(SO_REUSEPORT), each a broker replica; more than 1 needs PostgreSQL.")] = 1,
 ) -> None:
     """Run the HTTP API and the broker's background loops until stopped (Ctrl-C / SIGTERM)."""
     from broker.api import serve as run_api
@@ -173,6 +175,10 @@ def serve(
     settings = c.settings
     logging.getLogger().setLevel(settings.log_level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if workers > 1:
+        from broker.api.workers import check_workers
+
+        check_workers(settings, workers)  # before any output: a refusal is one line
     # On stderr until it listens: opening and migrating the store, reconciling jobs with the providers.
     progress = Progress("starting: opening the store, reconciling jobs with the providers")
 
@@ -181,6 +187,15 @@ def serve(
         # One line on stdout that scripts (and the benchmark) wait for.
         print(f"lockstep: serving on {url}", flush=True)
 
+    if workers > 1:
+        from broker.api.workers import run_workers
+
+        try:
+            status = run_workers(settings, host or settings.api.host, settings.api.port if port is None else port,
+                                 workers, ready=ready)
+        finally:
+            progress.done()
+        sys.exit(status)
     try:
         asyncio.run(run_api(settings, host or settings.api.host, settings.api.port if port is None else port,
                             ready=ready))

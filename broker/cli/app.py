@@ -55,7 +55,7 @@ class _Deferred(TyperCommand):
     real command as soon as it is asked to parse arguments."""
 
     def __init__(self, entry: Command) -> None:
-        super().__init__(name=entry.name, help=entry.help, callback=None)
+        super().__init__(name=entry.name, help=entry.help, short_help=entry.help, callback=None)
         self.entry = entry
 
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
@@ -85,6 +85,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
+    # The root's help is click's plain text: rich (and its markdown parser) would cost `lockstep --help`
+    # a third of its start-up. Each command's own --help keeps typer's rich layout.
+    rich_markup_mode=None,
 )
 
 

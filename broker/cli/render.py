@@ -6,16 +6,40 @@ import json
 import sys
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
-from rich.console import Console
-from rich.table import Table
 
 from broker.models import Job, Offer, Quote, source_label, utcnow
 
-# Piped output (scripts, CI logs) gets a wide table instead of rich's 80-column default.
-console = Console(width=None if sys.stdout.isatty() else 200)
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+_console: Console | None = None
+
+
+def _get_console() -> Console:
+    """rich is imported on the first table, not at start-up: ``--json`` never loads it."""
+    global _console
+    if _console is None:
+        from rich.console import Console
+
+        # Piped output (scripts, CI logs) gets a wide table instead of rich's 80-column default.
+        _console = Console(width=None if sys.stdout.isatty() else 200)
+    return _console
+
+
+def _table(**kwargs: Any) -> Table:
+    from rich.table import Table
+
+    return Table(**kwargs)
+
+
+def __getattr__(name: str) -> Any:  # ``render.console`` for the other commands' modules
+    if name == "console":
+        return _get_console()
+    raise AttributeError(name)
 
 
 def print_json(data: Any) -> None:
@@ -40,12 +64,12 @@ def _money(x: float) -> str:
 
 def quote_table(q: Quote, explain: bool = False) -> None:
     spec = q.job
-    console.print(
+    _get_console().print(
         f"[bold]{spec.name}[/]: {spec.gpus} × {'/'.join(spec.gpu) or 'any GPU'} as {spec.nodes} node(s) × "
         f"{spec.gpus_per_node}, fabric {spec.fabric.value}, co-located at '{spec.colocate.value}'"
         f" — {len(q.options)} option(s) shown of {q.offers_considered} offers"
     )
-    t = Table(show_lines=False)
+    t = _table(show_lines=False)
     for col in ("#", "provider", "market", "sku", "region/zone", "nodes×GPUs", "fabric", "$/h", "price from",
                 "hours", "job cost"):
         t.add_column(col, justify="right" if col in ("#", "$/h", "hours", "job cost") else "left")
@@ -55,14 +79,14 @@ def quote_table(q: Quote, explain: bool = False) -> None:
         t.add_row(str(i), o.provider, o.market.value + (" (stale)" if o.stale else ""), o.sku, where,
                   f"{o.nodes}×{o.gpus_per_node} {o.gpu}", fabric, _money(o.usd_per_hour),
                   o.source_label or o.source.value, f"{o.expected_hours:,.1f}", _money(o.expected_cost_usd))
-    console.print(t)
+    _get_console().print(t)
     snapshot_only = sorted(m for m, by in q.feasible_sources.items() if set(by) == {"snapshot"})
     if snapshot_only:
-        console.print(f"{', '.join(snapshot_only)}: prices from the bundled snapshot only, not a live market "
+        _get_console().print(f"{', '.join(snapshot_only)}: prices from the bundled snapshot only, not a live market "
                       "(see `lockstep submit` and docs/catalog.md)")
     if q.options and q.options[0].breakdown:
         b = q.options[0].breakdown
-        console.print(
+        _get_console().print(
             f"best: compute {b.compute_hours:,.2f} h + communication {b.comm_hours:,.2f} h"
             + (f" + preemption {b.preemption_overhead_hours:,.2f} h" if b.preemption_overhead_hours else "")
             + (f" + queue {b.queue_wait_hours:,.2f} h" if b.queue_wait_hours else "")
@@ -71,7 +95,7 @@ def quote_table(q: Quote, explain: bool = False) -> None:
         )
     if q.rejected_counts:
         summary = ", ".join(f"{k}: {v}" for k, v in sorted(q.rejected_counts.items(), key=lambda kv: -kv[1]))
-        console.print(f"rejected {sum(q.rejected_counts.values())} offers ({summary})"
+        _get_console().print(f"rejected {sum(q.rejected_counts.values())} offers ({summary})"
                       + ("" if explain else " — use --explain for why"))
     if explain:
         rejected_table(q)
@@ -81,13 +105,13 @@ def rejected_table(q: Quote) -> None:
     groups: dict[str, list] = defaultdict(list)
     for r in q.rejected:
         groups[r.code].append(r)
-    t = Table(title="rejected offers")
+    t = _table(title="rejected offers")
     for col in ("provider", "sku", "region/zone", "reason"):
         t.add_column(col)
     for code in sorted(groups, key=lambda c: -len(groups[c])):
         for r in groups[code]:
             t.add_row(r.provider, r.sku, r.region + (f"/{r.zone}" if r.zone else ""), r.reason)
-    console.print(t)
+    _get_console().print(t)
 
 
 def infeasible_reasons(q: Quote) -> str:
@@ -103,7 +127,7 @@ def infeasible_reasons(q: Quote) -> str:
 
 
 def offers_table(offers: list[Offer]) -> None:
-    t = Table()
+    t = _table()
     for col in ("provider", "market", "sku", "GPU", "GPUs", "mem GB", "fabric", "max nodes", "region/zone",
                 "$/h", "$/GPU-h", "price from", "note"):
         t.add_column(col, justify="right" if col in ("GPUs", "mem GB", "$/h", "$/GPU-h", "max nodes") else "left")
@@ -122,8 +146,8 @@ def offers_table(offers: list[Offer]) -> None:
                   str(o.max_nodes), o.locality.region + (f"/{o.locality.zone}" if o.locality.zone else ""),
                   _money(o.usd_per_hour), _money(o.usd_per_gpu_hour), source_label(o.source, o.observed_at, now),
                   ", ".join(note))
-    console.print(t)
-    console.print(f"{len(offers)} offer(s)")
+    _get_console().print(t)
+    _get_console().print(f"{len(offers)} offer(s)")
 
 
 def spent(j: Job) -> str:
@@ -135,7 +159,7 @@ def spent(j: Job) -> str:
 
 
 def jobs_table(jobs: list[Job]) -> None:
-    t = Table()
+    t = _table()
     for col in ("id", "tenant", "name", "state", "GPUs", "where", "$/h", "spent", "attempts", "updated", "reason"):
         t.add_column(col)
     for j in jobs:
@@ -144,17 +168,17 @@ def jobs_table(jobs: list[Job]) -> None:
         t.add_row(j.id, j.tenant, j.spec.name, j.state.value, str(j.spec.gpus), where,
                   _money(p.usd_per_hour) if p else "", spent(j), str(j.attempts),
                   j.updated_at.strftime("%Y-%m-%d %H:%M:%S"), j.reason[:60])
-    console.print(t)
+    _get_console().print(t)
 
 
 def job_detail(j: Job) -> None:
     jobs_table([j])
     if j.decision:
-        console.print("decision: " + json.dumps(j.decision, default=str))
-    t = Table(title="events")
+        _get_console().print("decision: " + json.dumps(j.decision, default=str))
+    t = _table(title="events")
     for col in ("at", "from", "to", "reason"):
         t.add_column(col)
     for e in j.events:
         t.add_row(e.at.strftime("%Y-%m-%d %H:%M:%S"), e.from_state.value if e.from_state else "",
                   e.to_state.value, e.reason)
-    console.print(t)
+    _get_console().print(t)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime
 
 from broker.errors import NoFeasibleOption, ProviderError
-from broker.lifecycle import HOLDING, JobLifecycle
-from broker.models import TERMINAL_STATES, Allocation, AllocationState, Job, JobSpec, JobState, OfferSource
+from broker.models import HOLDING, TERMINAL_STATES, Allocation, AllocationState, Job, JobSpec, JobState, OfferSource
 from broker.service.runtime import Runtime, new_job_id
 from providers.registry import how_to_enable
+
+MAX_HINTS = 100_000  # job ids kept for the placement loop's quick passes (broker/loops.py)
+SOURCES_REUSE_S = 1.0  # how long a spec's feasible price sources on one book are reused (snapshot warning)
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +36,10 @@ class JobsService(Runtime):
                   updated_at=now, reason=warning, decision={"warning": warning} if warning else {})
         if warning:
             log.warning("job %s (%s): %s", job.id, spec.name, warning)
-        job, created = await self.db(self.store.create_job, job, idempotency_key)
+        job, created = await self._submissions.write(job, idempotency_key)
         if created:
+            if len(self.submitted_ids) < MAX_HINTS:
+                self.submitted_ids.add(job.id)
             self.job_submitted.set()
         return job, created
 
@@ -49,7 +54,21 @@ class JobsService(Runtime):
         await self.ensure_offers()
         book = self.market.book(unhealthy_hosts=await self.unhealthy_nodes(),
                                 preemption_rates=self.preemption_rates())
-        by_market = rank_quote(book, spec, now=now, top=1, max_rejected=0).feasible_sources
+        # One ranking per spec and book a second, not one per submission: a burst of one spec (a sweep,
+        # a retrying client) pays for it once (the same reuse as the API's quotes, broker/service/offers.py).
+        if self._sources_book is not book:
+            self._sources.clear()
+            self._sources_book = book
+        key = spec.model_dump_json()
+        t = time.monotonic()
+        hit = self._sources.get(key)
+        if hit is not None and hit[0] > t:
+            by_market = hit[1]
+        else:
+            by_market = rank_quote(book, spec, now=now, top=1, max_rejected=0).feasible_sources
+            if len(self._sources) >= 512:
+                self._sources.clear()
+            self._sources[key] = (t + SOURCES_REUSE_S, by_market)
         snapshot = OfferSource.snapshot.value
         if not by_market or any(src != snapshot for counts in by_market.values() for src in counts):
             return ""
@@ -111,6 +130,8 @@ class JobsService(Runtime):
         job = await self.get_job(job_id, tenant)
         if job.state in TERMINAL_STATES:
             return job
+        from broker.lifecycle import JobLifecycle
+
         job = await JobLifecycle(self.store).cancel(job_id, reason)
         for alloc in await self.db(self.store.allocations, job_id):
             if alloc.state in (AllocationState.released, AllocationState.failed, AllocationState.succeeded):

@@ -10,22 +10,52 @@ from broker.service.runtime import Runtime
 
 if TYPE_CHECKING:
     from broker.market import ProviderHealth
+    from policies.book import OfferBook
     from policies.offers import OfferFilter
+
+
+QUOTE_REUSE_S = 1.0  # how long the API may answer an identical quote on the same book from memory
+QUOTE_CACHE_SIZE = 512  # quotes kept for that (distinct specs × top × max_rejected)
 
 
 class OffersService(Runtime):
     async def quote(self, spec: JobSpec, *, top: int = 10, max_rejected: int | None = None) -> Quote:
         """Ranked options for ``spec`` with the reason for every rejected offer."""
+        await self.ensure_offers()
+        book = self.market.book(unhealthy_hosts=await self.unhealthy_nodes(), preemption_rates=self.preemption_rates())
+        return self._rank(book, spec, top, max_rejected)
+
+    def _rank(self, book: OfferBook, spec: JobSpec, top: int, max_rejected: int | None) -> Quote:
         from policies.ranking import quote as rank_quote
 
-        await self.ensure_offers()
-        unhealthy = await self.unhealthy_nodes()
         started = time.perf_counter()
-        book = self.market.book(unhealthy_hosts=unhealthy, preemption_rates=self.preemption_rates())
         result = rank_quote(book, spec, now=self.clock(), top=top, max_rejected=max_rejected)
         if self.quote_observer:
             self.quote_observer(time.perf_counter() - started)
         return result
+
+    async def quote_json(self, spec: JobSpec, *, top: int = 10, max_rejected: int | None = None) -> str:
+        """:meth:`quote` as JSON text (what the API answers). The same spec, ``top`` and ``max_rejected`` on
+        the same book (same refresh, node health and spot risk) within ``QUOTE_REUSE_S`` get the same text,
+        ranked and serialised once (its ``at`` says when). A refresh, a drain or new spot rates make a new
+        book, and a new book forgets every quote of the old one."""
+        await self.ensure_offers()
+        book = self.market.book(unhealthy_hosts=await self.unhealthy_nodes(), preemption_rates=self.preemption_rates())
+        if self._quote_book is not book:
+            self._quote_texts.clear()
+            self._quote_book = book
+        key = (spec.model_dump_json(), top, max_rejected)
+        now = time.monotonic()
+        hit = self._quote_texts.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        text = self._rank(book, spec, top, max_rejected).model_dump_json()
+        if len(self._quote_texts) >= QUOTE_CACHE_SIZE:
+            old = [k for k, (until, _) in self._quote_texts.items() if until <= now]
+            for k in old or list(self._quote_texts)[:QUOTE_CACHE_SIZE // 4]:
+                del self._quote_texts[k]
+        self._quote_texts[key] = (now + QUOTE_REUSE_S, text)
+        return text
 
     async def offers(self, f: OfferFilter, limit: int | None = None) -> list[Offer]:
         """The offer book narrowed by ``f``, cheapest per GPU-hour first. Offers on a node marked unhealthy

@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
-from broker.errors import ConflictError, NotFoundError, SpecError, StoreError
+from broker.errors import ConflictError, LockstepError, NotFoundError, SpecError, StoreError
 from broker.models import (
     ALLOWED_TRANSITIONS,
     Allocation,
     AllocationState,
     Job,
     JobEvent,
+    JobSpec,
     JobState,
     QuoteOption,
     as_utc,
@@ -45,6 +46,20 @@ EVENTS = table_of(JobEventRow)
 ALLOCS = table_of(AllocationRow)
 IDEM = table_of(IdempotencyKeyRow)
 LOGS = table_of(JobLogRow)
+# Statements built once (SQLAlchemy then compiles each once): a statement built per call with its values
+# inlined costs more to build and to key its compiled-SQL cache than the write itself.
+INSERT_JOB = JOBS.insert()
+INSERT_EVENT = EVENTS.insert()
+INSERT_IDEM = IDEM.insert()
+INSERT_ALLOC = ALLOCS.insert()
+SELECT_JOB = sa.select(JOBS).where(JOBS.c.id == sa.bindparam("job_key"))
+SELECT_JOB_LOCKED = SELECT_JOB.with_for_update()
+SELECT_EVENTS = sa.select(EVENTS).where(EVENTS.c.job_id == sa.bindparam("job_key")).order_by(EVENTS.c.id)
+SELECT_ALLOC = sa.select(ALLOCS).where(ALLOCS.c.id == sa.bindparam("alloc_key"))
+# UPDATEs whose SET clause comes from the parameters' keys (compiled once per set of keys).
+UPDATE_JOB = JOBS.update().where(JOBS.c.id == sa.bindparam("job_key"))
+UPDATE_ALLOC = ALLOCS.update().where(ALLOCS.c.id == sa.bindparam("alloc_key"))
+UPDATE_ALLOC_IF = UPDATE_ALLOC.where(ALLOCS.c.state.in_(sa.bindparam("alloc_states", expanding=True)))
 
 # Job fields that transition()/update_job() may set besides the state.
 JOB_FIELDS: frozenset[str] = frozenset(
@@ -78,9 +93,10 @@ ALLOCATION_FIELDS: frozenset[str] = frozenset(
 LIVE_STATES: tuple[AllocationState, ...] = tuple(AllocationState(s) for s in LIVE_ALLOCATION_STATES)
 # Allocations that cost money while they last (for spend accrual).
 BILLING_STATES: tuple[str, ...] = (AllocationState.pending.value, AllocationState.running.value)
+ID_CHUNK = 500  # ids per IN (...) list: under SQLite's and PostgreSQL's bind parameter limits
 
 
-def _job(row: Row[Any], events: list[JobEvent] | None = None) -> Job:
+def _job(row: Row[Any] | dict[str, Any], events: list[JobEvent] | None = None) -> Job:
     job = Job.model_validate(row, from_attributes=True)
     if events:
         job.events = events
@@ -91,6 +107,21 @@ def billing_start(created_at: datetime, attrs: dict[str, str] | None) -> datetim
     """When an allocation began to cost: when it was first seen running, else when it was launched."""
     since = (attrs or {}).get("running_since")
     return as_utc(since) if since else as_utc(created_at)
+def _jobs_sharing_specs(rows: Iterable[Row[Any]]) -> list[Job]:
+    """Jobs from rows, each distinct spec (by its stored fingerprint) validated once: a sweep or a batch
+    of one spec reads as one spec parse, not one per job. Jobs of one spec then share the JobSpec object
+    (models are not changed in place here: a changed spec is a ``model_copy``)."""
+    specs: dict[str, JobSpec] = {}
+    out = []
+    for r in rows:
+        spec = specs.get(r.fingerprint)
+        if spec is None:
+            job = _job(r)
+            specs[r.fingerprint] = job.spec
+        else:
+            job = _job({**r._mapping, "spec": spec})
+        out.append(job)
+    return out
 
 
 def _alloc(row: Row[Any]) -> Allocation:
@@ -119,7 +150,7 @@ class JobStore(Database):
         return out
 
     def _events_in(self, conn: Connection, job_id: str) -> list[JobEvent]:
-        rows = conn.execute(sa.select(EVENTS).where(EVENTS.c.job_id == job_id).order_by(EVENTS.c.id))
+        rows = conn.execute(SELECT_EVENTS, {"job_key": job_id})
         return [JobEvent.model_validate(r, from_attributes=True) for r in rows]
 
     def _insert_event(
@@ -131,23 +162,26 @@ class JobStore(Database):
         reason: str,
         data: dict[str, Any] | None,
         at: datetime,
-    ) -> None:
+    ) -> JobEvent:
+        """Write one event; returns it as stored."""
+        stored = json.loads(json.dumps(data, default=str)) if data else {}
         conn.execute(
-            EVENTS.insert().values(
-                job_id=job_id,
-                at=at,
-                from_state=from_state.value if from_state else None,
-                to_state=to_state.value,
-                reason=reason,
-                data=json.loads(json.dumps(data or {}, default=str)),
-            )
+            INSERT_EVENT,  # one statement, compiled once: its parameters vary, not its text
+            {
+                "job_id": job_id,
+                "at": at,
+                "from_state": from_state.value if from_state else None,
+                "to_state": to_state.value,
+                "reason": reason,
+                "data": stored,
+            },
         )
+        return JobEvent(job_id=job_id, at=as_utc(at), from_state=from_state, to_state=to_state, reason=reason,
+                        data=stored)
 
     def _job_row(self, conn: Connection, job_id: str, lock: bool = False) -> Row[Any]:
-        q = sa.select(JOBS).where(JOBS.c.id == job_id)
-        if lock and not self.is_sqlite:
-            q = q.with_for_update()
-        row = conn.execute(q).first()
+        q = SELECT_JOB_LOCKED if lock and not self.is_sqlite else SELECT_JOB
+        row = conn.execute(q, {"job_key": job_id}).first()
         if row is None:
             raise NotFoundError(f"job {job_id} not found")
         return row
@@ -163,16 +197,19 @@ class JobStore(Database):
         With an idempotency key (scoped to the tenant), a repeat with the same spec
         returns the existing job and False; the same key with another spec is a
         ConflictError.
+
+        One short write transaction (SQLite: behind this process's other writers, never behind a
+        provider call); the new job is returned as written, not read back.
         """
-        fingerprint = job.spec.fingerprint()
+        spec_json = job.spec.model_dump(mode="json")
+        fingerprint = job.spec.fingerprint(spec_json)
         try:
             with self._tx() as conn:
                 if idempotency_key:
                     existing = self._idem_lookup(conn, job.tenant, idempotency_key, fingerprint)
                     if existing is not None:
                         return existing, False
-                self._insert_job(conn, job, fingerprint, idempotency_key)
-                return self._full_job(conn, job.id), True
+                return self._insert_job(conn, job, spec_json, fingerprint, idempotency_key), True
         except sa.exc.IntegrityError as exc:
             # Lost a race on the same key (PostgreSQL), or the job id exists.
             if idempotency_key:
@@ -182,6 +219,64 @@ class JobStore(Database):
                         return existing, False
             raise ConflictError(f"job {job.id} already exists") from exc
 
+    def create_jobs(self, items: Sequence[tuple[Job, str | None]]) -> list[tuple[Job, bool] | LockstepError]:
+        """:meth:`create_job` for many submissions in one transaction (a group commit): per item, what
+        ``create_job`` would return, or the error it would raise. Same rules: a key repeated with the same
+        spec (in the store or earlier in ``items``) gives the first job and False; with another spec, a
+        ConflictError for that item alone. When the batch cannot be written as one (another writer won a
+        race on a key, an id exists), each item is written on its own, so no item fails for another's sake.
+        """
+        if len(items) == 1:
+            return [self._create_one(*items[0])]
+        out: list[tuple[Job, bool] | LockstepError] = []
+        jobs: list[dict[str, Any]] = []
+        events: list[dict[str, Any]] = []
+        keys: list[dict[str, Any]] = []
+        mine: dict[tuple[str, str], tuple[str, int]] = {}  # keys used earlier in this batch → (fingerprint, item)
+        try:
+            with self._tx() as conn:
+                for job, key in items:  # in order, as one after the other would: a repeat sees the first
+                    spec_json = job.spec.model_dump(mode="json")
+                    fingerprint = job.spec.fingerprint(spec_json)
+                    if key:
+                        earlier = mine.get((job.tenant, key))
+                        if earlier is not None:
+                            first = out[earlier[1]]
+                            out.append(ConflictError("idempotency key already used for a different job spec")
+                                       if earlier[0] != fingerprint else
+                                       (first[0], False) if isinstance(first, tuple) else first)
+                            continue
+                        try:
+                            existing = self._idem_lookup(conn, job.tenant, key, fingerprint)
+                        except ConflictError as exc:
+                            out.append(exc)
+                            continue
+                        if existing is not None:
+                            out.append((existing, False))
+                            continue
+                        mine[(job.tenant, key)] = (fingerprint, len(out))
+                    row, event, idem, written = self._job_rows(job, spec_json, fingerprint, key)
+                    jobs.append(row)
+                    events.append(event)
+                    if idem is not None:
+                        keys.append(idem)
+                    out.append((written, True))
+                # One statement per table for the whole batch (executemany).
+                if jobs:
+                    conn.execute(INSERT_JOB, jobs)
+                    conn.execute(INSERT_EVENT, events)
+                if keys:
+                    conn.execute(INSERT_IDEM, keys)
+        except sa.exc.IntegrityError:
+            return [self._create_one(job, key) for job, key in items]
+        return out
+
+    def _create_one(self, job: Job, key: str | None) -> tuple[Job, bool] | LockstepError:
+        try:
+            return self.create_job(job, key)
+        except LockstepError as exc:
+            return exc
+
     def _idem_lookup(self, conn: Connection, tenant: str, key: str, fingerprint: str) -> Job | None:
         row = conn.execute(sa.select(IDEM).where(IDEM.c.tenant == tenant, IDEM.c.key == key)).first()
         if row is None:
@@ -190,34 +285,51 @@ class JobStore(Database):
             raise ConflictError("idempotency key already used for a different job spec")
         return self._full_job(conn, row.job_id)
 
-    def _insert_job(self, conn: Connection, job: Job, fingerprint: str, key: str | None) -> None:
+    def _job_rows(self, job: Job, spec_json: dict[str, Any], fingerprint: str,
+                  key: str | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None, Job]:
+        """A new job's row, its first event's, its idempotency key's (or None), and the job as stored."""
         deadline = job.deadline or job.spec.deadline_at(job.created_at)
-        conn.execute(
-            JOBS.insert().values(
-                id=job.id,
-                tenant=job.tenant,
-                state=job.state.value,
-                reason=job.reason,
-                spec=job.spec.model_dump(mode="json"),
-                fingerprint=fingerprint,
-                placement=job.placement.model_dump(mode="json") if job.placement else None,
-                decision=json.loads(json.dumps(job.decision, default=str)),
-                gpus=job.spec.gpus,
-                created_at=job.created_at,
-                updated_at=job.updated_at,
-                deadline=deadline,
-                attempts=job.attempts,
-                preemptions=job.preemptions,
-                spent_usd=job.spent_usd,
-            )
-        )
-        self._insert_event(conn, job.id, None, job.state, job.reason or "submitted", None, job.created_at)
+        decision = json.loads(json.dumps(job.decision, default=str)) if job.decision else {}
+        row = {
+            "id": job.id,
+            "tenant": job.tenant,
+            "state": job.state.value,
+            "reason": job.reason,
+            "spec": spec_json,
+            "fingerprint": fingerprint,
+            "placement": job.placement.model_dump(mode="json") if job.placement else None,
+            "decision": decision,
+            "gpus": job.spec.gpus,
+            "created_at": job.created_at,
+            "updated_at": job.updated_at,
+            "deadline": deadline,
+            "attempts": job.attempts,
+            "preemptions": job.preemptions,
+            "spent_usd": job.spent_usd,
+        }
+        reason = job.reason or "submitted"
+        event = {"job_id": job.id, "at": job.created_at, "from_state": None, "to_state": job.state.value,
+                 "reason": reason, "data": {}}
+        idem = None
         if key:
-            conn.execute(
-                IDEM.insert().values(
-                    tenant=job.tenant, key=key, fingerprint=fingerprint, job_id=job.id, created_at=utcnow()
-                )
-            )
+            idem = {"tenant": job.tenant, "key": key, "fingerprint": fingerprint, "job_id": job.id,
+                    "created_at": utcnow()}
+        stored = job.model_copy(update={
+            "deadline": deadline, "decision": decision, "created_at": as_utc(job.created_at),
+            "updated_at": as_utc(job.updated_at),
+            "events": [JobEvent(job_id=job.id, at=job.created_at, to_state=job.state, reason=reason)],
+        })
+        return row, event, idem, stored
+
+    def _insert_job(self, conn: Connection, job: Job, spec_json: dict[str, Any], fingerprint: str,
+                    key: str | None) -> Job:
+        """Insert the job, its first event and its idempotency key; returns the job as stored."""
+        row, event, idem, stored = self._job_rows(job, spec_json, fingerprint, key)
+        conn.execute(INSERT_JOB, row)
+        conn.execute(INSERT_EVENT, event)
+        if idem is not None:
+            conn.execute(INSERT_IDEM, idem)
+        return stored
 
     def get_job(self, job_id: str, tenant: str | None = None) -> Job:
         """The job with its events; NotFoundError when absent or another tenant's."""
@@ -294,9 +406,12 @@ class JobStore(Database):
                 raise ConflictError(f"job {job_id}: {current.value} → {to_state.value} is not allowed")
             now = utcnow()
             values.update(state=to_state.value, reason=reason, updated_at=now)
-            conn.execute(JOBS.update().where(JOBS.c.id == job_id).values(**values))
-            self._insert_event(conn, job_id, current, to_state, reason, data, now)
-            return self._full_job(conn, job_id)
+            events = self._events_in(conn, job_id)
+            conn.execute(UPDATE_JOB, {"job_key": job_id, **values})
+            event = self._insert_event(conn, job_id, current, to_state, reason, data, now)
+            # The job as now stored: the row read under the lock with these values on top (not read again).
+            after = {**row._mapping, **{k: as_utc(v) if isinstance(v, datetime) else v for k, v in values.items()}}
+            return _job(after, [*events, event])
 
     def update_job(self, job_id: str, **fields: Any) -> Job:
         """Set job fields without a state change (no event)."""
@@ -304,24 +419,61 @@ class JobStore(Database):
         with self._tx() as conn:
             self._job_row(conn, job_id, lock=True)
             values["updated_at"] = utcnow()
-            conn.execute(JOBS.update().where(JOBS.c.id == job_id).values(**values))
+            conn.execute(UPDATE_JOB, {"job_key": job_id, **values})
             return self._full_job(conn, job_id)
+
+    def next_attempt(self, job_id: str) -> int:
+        """Count one more launch attempt of the job, in one short write; returns the new count."""
+        with self._tx() as conn:
+            row = self._job_row(conn, job_id, lock=True)
+            attempt = int(row.attempts) + 1
+            conn.execute(UPDATE_JOB, {"job_key": job_id, "attempts": attempt, "updated_at": utcnow()})
+            return attempt
 
     def events(self, job_id: str) -> list[JobEvent]:
         with self._tx(write=False) as conn:
             self._job_row(conn, job_id)
             return self._events_in(conn, job_id)
 
-    def jobs_in_states(self, states: Iterable[JobState]) -> list[Job]:
-        """Jobs in any of ``states`` (without events), oldest first."""
+    def jobs_in_states(self, states: Iterable[JobState], ids: Iterable[str] | None = None) -> list[Job]:
+        """Jobs in any of ``states`` (without events), oldest first; with ``ids``, only those of them."""
         values = [JobState(s).value for s in states]
         if not values:
             return []
+        q = sa.select(JOBS).where(JOBS.c.state.in_(values))
+        if ids is None:
+            with self._tx(write=False) as conn:
+                return _jobs_sharing_specs(conn.execute(q.order_by(JOBS.c.created_at, JOBS.c.id)))
+        wanted = list(dict.fromkeys(ids))
+        rows: list[Row[Any]] = []
         with self._tx(write=False) as conn:
-            rows = conn.execute(
-                sa.select(JOBS).where(JOBS.c.state.in_(values)).order_by(JOBS.c.created_at, JOBS.c.id)
-            )
-            return [_job(r) for r in rows]
+            for i in range(0, len(wanted), ID_CHUNK):
+                rows.extend(conn.execute(q.where(JOBS.c.id.in_(wanted[i:i + ID_CHUNK]))))
+        rows.sort(key=lambda r: (as_utc(r.created_at), r.id))
+        return _jobs_sharing_specs(rows)
+
+    def job_heads(self, state: JobState, changed_since: datetime | None = None) -> list[tuple[str, datetime]]:
+        """(id, updated_at) of the jobs in ``state``, oldest first: what a placement pass looks over
+        before it reads in full only the jobs it will try (no spec parsed, no model built). With
+        ``changed_since``: only those updated since then (new, requeued, or noted)."""
+        q = sa.select(JOBS.c.id, JOBS.c.updated_at).where(JOBS.c.state == JobState(state).value)
+        if changed_since is not None:
+            q = q.where(JOBS.c.updated_at >= changed_since)
+        q = q.order_by(JOBS.c.created_at, JOBS.c.id)
+        with self._tx(write=False) as conn:
+            return [(r[0], r[1]) for r in conn.execute(q)]
+
+    def note_reasons(self, reasons: dict[str, str], state: JobState = JobState.pending) -> int:
+        """Set why each job waits (``{job id: reason}``), in one transaction; only jobs still in ``state``
+        (a job moved meanwhile keeps what its mover wrote). No event. Returns how many changed."""
+        if not reasons:
+            return 0
+        now = utcnow()
+        q = (JOBS.update().where(JOBS.c.id == sa.bindparam("job_id"), JOBS.c.state == JobState(state).value)
+             .values(reason=sa.bindparam("why"), updated_at=now))
+        with self._tx() as conn:
+            res = conn.execute(q, [{"job_id": k, "why": v} for k, v in reasons.items()])
+        return int(res.rowcount or 0)
 
     # ------------------------------------------------------------------ allocations
 
@@ -335,15 +487,17 @@ class JobStore(Database):
         try:
             with self._tx() as conn:
                 self._job_row(conn, alloc.job_id)
-                conn.execute(ALLOCS.insert().values(**values))
-                return _alloc(self._alloc_row(conn, alloc.id))
+                conn.execute(INSERT_ALLOC, values)
+            return alloc.model_copy(update={"state": AllocationState(values["state"]),  # as written
+                                            "created_at": as_utc(alloc.created_at),
+                                            "updated_at": as_utc(alloc.updated_at)})
         except sa.exc.IntegrityError as exc:
             raise ConflictError(
                 f"allocation {alloc.id}: the id exists or job {alloc.job_id} already holds a live allocation"
             ) from exc
 
     def _alloc_row(self, conn: Connection, alloc_id: str) -> Row[Any]:
-        row = conn.execute(sa.select(ALLOCS).where(ALLOCS.c.id == alloc_id)).first()
+        row = conn.execute(SELECT_ALLOC, {"alloc_key": alloc_id}).first()
         if row is None:
             raise NotFoundError(f"allocation {alloc_id} not found")
         return row
@@ -364,14 +518,14 @@ class JobStore(Database):
         if "resource_ids" in values:
             values["resource_ids"] = [str(r) for r in values["resource_ids"] or []]
         values["updated_at"] = utcnow()
-        q = ALLOCS.update().where(ALLOCS.c.id == alloc_id)
         states = sorted({AllocationState(s).value for s in expected or ()})
+        q, params = UPDATE_ALLOC, {"alloc_key": alloc_id, **values}
         if expected is not None:
-            q = q.where(ALLOCS.c.state.in_(states))
+            q, params["alloc_states"] = UPDATE_ALLOC_IF, states
         try:
             with self._tx() as conn:
                 self._alloc_row(conn, alloc_id)
-                if not conn.execute(q.values(**values)).rowcount:
+                if not conn.execute(q, params).rowcount:
                     now = self._alloc_row(conn, alloc_id).state  # after the UPDATE: what it lost to
                     raise ConflictError(f"allocation {alloc_id} is {now}, not {' or '.join(states)}: changed meanwhile")
                 return _alloc(self._alloc_row(conn, alloc_id))
@@ -390,6 +544,12 @@ class JobStore(Database):
             q = q.where(ALLOCS.c.state.in_([AllocationState(s).value for s in states]))
         with self._tx(write=False) as conn:
             return [_alloc(r) for r in conn.execute(q.order_by(ALLOCS.c.created_at, ALLOCS.c.id))]
+
+    def held_offer_ids(self) -> set[str]:
+        """Offers that live allocations (intent, pending, running or unknown) are on: ids only, no models."""
+        q = sa.select(ALLOCS.c.offer_id).where(ALLOCS.c.state.in_([s.value for s in LIVE_STATES])).distinct()
+        with self._tx(write=False) as conn:
+            return {r[0] for r in conn.execute(q)}
 
     def provider_allocations(self, provider: str, since: datetime) -> list[Allocation]:
         """``provider``'s allocations changed at ``since`` or later, oldest first (what a market's history reads)."""

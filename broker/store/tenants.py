@@ -16,6 +16,7 @@ from broker.tables import TenantRow, TokenRow, table_of
 
 TENANTS = table_of(TenantRow)
 TOKENS = table_of(TokenRow)
+SELECT_TENANT = sa.select(TENANTS).where(TENANTS.c.name == sa.bindparam("tenant_key"))
 
 TENANT_FIELDS: frozenset[str] = frozenset({"monthly_budget_usd", "max_gpus"})
 TOKEN_PREFIX = "lst_"
@@ -42,7 +43,7 @@ class TenantStore(Database):
 
     def get_tenant(self, name: str) -> Tenant:
         with self._tx(write=False) as conn:
-            row = conn.execute(sa.select(TENANTS).where(TENANTS.c.name == name)).first()
+            row = conn.execute(SELECT_TENANT, {"tenant_key": name}).first()
         if row is None:
             raise NotFoundError(f"tenant {name} not found")
         return Tenant.model_validate(row, from_attributes=True)

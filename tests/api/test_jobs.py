@@ -24,6 +24,23 @@ def test_quote_ranks_options_with_reasons(api: Api) -> None:
     assert sum(q["rejected_counts"].values()) + len(q["options"]) <= q["offers_considered"]
 
 
+def test_quote_summarises_rejections_by_default_and_spells_them_out_on_request(api: Api) -> None:
+    with api.client(api.alice) as alice:
+        summary = alice.post("/v1/quotes", json=spec("q-default")).json()
+        detailed = alice.post("/v1/quotes", params={"max_rejected": 4}, json=spec("q-default")).json()
+        again = alice.post("/v1/quotes", json=spec("q-default")).json()
+        other = alice.post("/v1/quotes", params={"top": 1}, json=spec("q-default")).json()
+    assert summary["rejected"] == [] and sum(summary["rejected_counts"].values()) > 0
+    assert len(detailed["rejected"]) == 4 and all(r["reason"] and r["code"] for r in detailed["rejected"])
+    assert detailed["rejected_counts"] == summary["rejected_counts"]
+    def picks(q: dict) -> list[tuple[str, float]]:  # the offers and their costs (each option's age moves on)
+        return [(o["offer_id"], o["expected_cost_usd"]) for o in q["options"]]
+
+    assert picks(detailed) == picks(summary)
+    assert again == summary  # the same spec on the same book within a second: the same answer
+    assert picks(other) == picks(summary)[:1]  # top is part of what is reused
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [

@@ -151,6 +151,62 @@ def test_jobs_in_states(store: Store) -> None:
     assert [j.id for j in store.jobs_in_states([JobState.placing])] == ["b"]
 
 
+def test_jobs_in_states_by_id_and_job_heads(store: Store) -> None:
+    for i, name in enumerate(["a", "b", "c"]):
+        store.create_job(job(job_id=name, created=T0 + timedelta(seconds=i)))
+    store.transition("b", JobState.placing)
+    assert [j.id for j in store.jobs_in_states([JobState.pending], ["c", "b", "a", "zz"])] == ["a", "c"]
+    heads = store.job_heads(JobState.pending)
+    assert [h[0] for h in heads] == ["a", "c"]
+    assert heads[0][1] == store.get_job("a").updated_at
+    many = [f"x{i}" for i in range(1200)]  # more than one IN (...) list's worth
+    assert [j.id for j in store.jobs_in_states([JobState.pending], [*many, "c"])] == ["c"]
+
+
+def test_note_reasons_changes_only_jobs_still_pending(store: Store) -> None:
+    store.create_job(job(job_id="p"))
+    store.create_job(job(job_id="q"))
+    store.transition("q", JobState.placing, reason="claimed")
+    assert store.note_reasons({"p": "no feasible offer", "q": "late note"}) == 1
+    assert store.get_job("p").reason == "no feasible offer"
+    assert store.get_job("q").reason == "claimed"
+    assert len(store.events("p")) == 1  # no event for a note
+
+
+def test_create_jobs_answers_as_one_after_the_other(store: Store) -> None:
+    """A group commit gives each submission what create_job alone would have."""
+    store.create_job(job(tenant="acme", job_id="old"), idempotency_key="k0")
+    out = store.create_jobs([
+        (job(tenant="acme", job_id="a"), "k1"),
+        (job(tenant="acme", job_id="b"), "k1"),  # a retry of a: a again, not created
+        (job(tenant="acme", job_id="c", gpus=16), "k1"),  # the same key, another spec
+        (job(tenant="acme", job_id="d"), None),
+        (job(tenant="acme", job_id="e"), "k0"),  # a retry of a job stored before
+        (job(tenant="globex", job_id="f"), "k1"),  # keys are per tenant
+    ])
+    assert len(out) == 6
+    a, b, c, d, e, f = out
+    assert isinstance(a, tuple) and a[1] and a[0].id == "a"
+    assert isinstance(b, tuple) and not b[1] and b[0].id == "a"
+    assert isinstance(c, ConflictError)
+    assert isinstance(d, tuple) and d[1] and d[0] == store.get_job("d")
+    assert isinstance(e, tuple) and not e[1] and e[0].id == "old"
+    assert isinstance(f, tuple) and f[1] and f[0].id == "f"
+    assert a[0] == store.get_job("a")
+    for gone in ("b", "c", "e"):
+        with pytest.raises(NotFoundError):
+            store.get_job(gone)
+
+
+def test_create_jobs_one_bad_item_fails_alone(store: Store) -> None:
+    store.create_job(job(job_id="taken"))
+    out = store.create_jobs([(job(job_id="fresh"), None), (job(job_id="taken"), None), (job(job_id="new2"), "k")])
+    assert isinstance(out[0], tuple) and out[0][1]
+    assert isinstance(out[1], ConflictError)
+    assert isinstance(out[2], tuple) and out[2][1]
+    assert {j.id for j in store.jobs_in_states([JobState.pending])} == {"taken", "fresh", "new2"}
+
+
 def claim(s: Store, job_id: str, worker: str) -> bool:
     """How a broker claims a job (JobLifecycle.claim): pending → placing under the job's row lock."""
     return asyncio.run(JobLifecycle(s).claim(job_id, worker)) is not None

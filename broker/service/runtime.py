@@ -60,6 +60,9 @@ class GroupCommit:
     async def write(self, job: Job, idempotency_key: str | None) -> tuple[Job, bool]:
         fut: asyncio.Future[tuple[Job, bool]] = asyncio.get_running_loop().create_future()
         self._waiting.append((job, idempotency_key, fut))
+        # A writer that has finished is done at once, but leaves the set only when its done-callback runs
+        # later: counted, it would keep this submission from starting a writer, and nobody would write it.
+        self._writers = {t for t in self._writers if not t.done()}
         if len(self._writers) < self._in_flight():
             task = asyncio.create_task(self._drain())
             self._writers.add(task)

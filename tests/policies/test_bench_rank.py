@@ -18,7 +18,10 @@ def test_rank_bench_prints_figures_beside_references() -> None:
         capture_output=True, text=True, timeout=600, check=True, cwd=ROOT,
     ).stdout
     assert "offers in book:              3,000" in out
-    assert "rejections written out:      20 per quote" in out  # the API's default, as the script says
+    from broker.api.params import QuoteParams
+
+    default = QuoteParams.model_fields["max_rejected"].default
+    assert f"rejections written out:      {default} per quote (the API's default)" in out
     figure = r"min [\d.]+ / median [\d.]+ ms"
     assert re.search(rf"quote 8 × H100 \(top 10\):\s+{figure}", out)
     assert re.search(rf"numpy floor, same job:\s+{figure}\s+quote / floor = [\d.]+×", out)

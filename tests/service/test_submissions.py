@@ -7,8 +7,9 @@ import asyncio
 
 from broker.config import Settings
 from broker.errors import ConflictError
-from broker.models import JobState
+from broker.models import Job, JobState, utcnow
 from broker.service import Lockstep
+from broker.service.runtime import GroupCommit, new_job_id
 from broker.specs import parse_spec
 from broker.store import Store
 
@@ -38,3 +39,21 @@ async def test_concurrent_submissions_each_get_their_own_answer(store: Store) ->
         assert isinstance(r, tuple)
         assert r[0] == await svc.get_job(r[0].id)  # what the caller got is what was stored
     assert svc.job_submitted.is_set()
+
+
+
+
+async def test_a_submission_in_the_turn_a_writer_finishes_is_still_written(store: Store) -> None:
+    """A writer task that has finished leaves the set of writers only when its done-callback runs, one
+    loop turn later; a submission arriving in that turn must start a writer of its own, or nobody writes
+    it and its caller waits forever (seen once in a full run, the last of a burst)."""
+    svc = Lockstep(Settings(db_url=store.url), providers={}, store=store)
+    group = GroupCommit(svc)
+    finished = asyncio.create_task(asyncio.sleep(0))
+    await finished
+    group._writers.add(finished)  # the state of that turn: finished, its discard not yet run
+    now = utcnow()
+    job, created = await asyncio.wait_for(
+        group.write(Job(id=new_job_id(), tenant="acme", spec=parse_spec(SPEC), created_at=now, updated_at=now), None),
+        timeout=30)
+    assert created and job.tenant == "acme"

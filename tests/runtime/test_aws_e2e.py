@@ -29,6 +29,8 @@ from providers.aws.runtime import RunLocation
 from providers.runtime.logs import parse_log
 from tests.aws.boot import BUCKET, FakeImds, Node, ec2_client, on_loopback, runtime_overrides, s3_client
 from tests.plugins.moto import moto_config
+from tests.runtime.barrier import SCRIPT as BARRIER_SCRIPT
+from tests.runtime.barrier import check_barrier
 
 pytestmark = pytest.mark.aws
 
@@ -36,35 +38,6 @@ INSTALLATION = "lockstep-rt"
 SECRET = "hf_live_Zq8r2Kp0x7Wm"
 SECRET_SHA = hashlib.sha256(SECRET.encode()).hexdigest()
 
-BARRIER = '''import os, socket, time
-rank, n = int(os.environ["LOCKSTEP_NODE_RANK"]), int(os.environ["LOCKSTEP_NUM_NODES"])
-head, port = os.environ["LOCKSTEP_HEAD_ADDR"], int(os.environ["LOCKSTEP_RDZV_PORT"])
-addrs = os.environ["LOCKSTEP_NODE_ADDRS"].split(",")
-print("rdzv", rank, n, head, ",".join(addrs), os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], flush=True)
-if rank == 0:
-    server = socket.create_server((head, port))
-    server.settimeout(120)
-    joined = []
-    while len(joined) < n - 1:
-        conn, (peer, _) = server.accept()
-        joined.append((conn, int(conn.recv(16)), peer))
-    for conn, _, _ in joined:
-        conn.sendall(b"go")
-    print("barrier passed:", " ".join(f"{r}@{p}" for _, r, p in sorted(joined, key=lambda j: j[1])), flush=True)
-else:
-    deadline = time.time() + 120
-    while True:
-        try:
-            conn = socket.create_connection((head, port), timeout=5, source_address=(addrs[rank], 0))
-            break
-        except OSError:
-            if time.time() > deadline:
-                raise
-            time.sleep(0.2)
-    conn.sendall(str(rank).encode())
-    assert conn.recv(2) == b"go"
-    print("barrier passed", flush=True)
-'''
 
 
 class AwsBroker:
@@ -240,7 +213,7 @@ def free_port() -> int:
 async def test_two_nodes_see_one_rendezvous_and_meet_at_a_tcp_barrier(broker: AwsBroker) -> None:
     port = free_port()
     job, alloc = await broker.place(await broker.submit(
-        gpus=2, gpus_per_node=1, command="python3 barrier.py", files={"barrier.py": BARRIER}, rdzv_port=port))
+        gpus=2, gpus_per_node=1, command="python3 barrier.py", files={"barrier.py": BARRIER_SCRIPT}, rdzv_port=port))
     assert len(alloc.resource_ids) == 2
     async with FakeImds() as imds:
         nodes = broker.nodes(alloc, imds)
@@ -256,9 +229,7 @@ async def test_two_nodes_see_one_rendezvous_and_meet_at_a_tcp_barrier(broker: Aw
     assert broker.instance_states(alloc) == ["terminated", "terminated"]
     [rec] = await broker.svc.job_allocations(job.id)
     logs = [out_lines(await broker.aws.job_log(rec, rank=r), r) for r in (0, 1)]
-    rdzv = [f"rdzv {r} 2 {addrs[0]} {','.join(addrs)} {addrs[0]} {port}" for r in (0, 1)]
-    assert logs[0] == [rdzv[0], f"barrier passed: 1@{addrs[1]}"]
-    assert logs[1] == [rdzv[1], "barrier passed"]
+    check_barrier(logs, addrs, port, gpus_per_node=1)
 
 
 @pytest.mark.parametrize("shutdown_terminates", [True, False], ids=["instance-terminated", "instance-running"])

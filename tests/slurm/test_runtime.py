@@ -32,6 +32,8 @@ from providers.runtime.logs import parse_log
 from providers.slurm import SlurmProvider
 from providers.slurm.runtime import AttemptDir
 from tests.plugins.slurm import SlurmCluster
+from tests.runtime.barrier import SCRIPT as BARRIER_SCRIPT
+from tests.runtime.barrier import check_barrier
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.slurm
@@ -39,35 +41,6 @@ pytestmark = pytest.mark.slurm
 SECRET = "hf_slurm_Q4t9Lw2Zx8Vb"
 SECRET_SHA = hashlib.sha256(SECRET.encode()).hexdigest()
 
-BARRIER = '''import os, socket, time
-rank, n = int(os.environ["LOCKSTEP_NODE_RANK"]), int(os.environ["LOCKSTEP_NUM_NODES"])
-head, port = os.environ["LOCKSTEP_HEAD_ADDR"], int(os.environ["LOCKSTEP_RDZV_PORT"])
-print("rdzv", rank, n, head, os.environ["LOCKSTEP_NODE_ADDRS"], os.environ["MASTER_ADDR"],
-      os.environ["MASTER_PORT"], os.environ["LOCKSTEP_GPUS_PER_NODE"], os.environ["SLURMD_NODENAME"], flush=True)
-if rank == 0:
-    server = socket.create_server((head, port))
-    server.settimeout(120)
-    joined = []
-    while len(joined) < n - 1:
-        conn, _ = server.accept()
-        joined.append((conn, int(conn.recv(16))))
-    for conn, _ in joined:
-        conn.sendall(b"go")
-    print("barrier passed:", ",".join(str(r) for _, r in sorted(joined, key=lambda j: j[1])), flush=True)
-else:
-    deadline = time.time() + 120
-    while True:
-        try:
-            conn = socket.create_connection((head, port), timeout=5)
-            break
-        except OSError:
-            if time.time() > deadline:
-                raise
-            time.sleep(0.2)
-    conn.sendall(str(rank).encode())
-    assert conn.recv(2) == b"go"
-    print("barrier passed", flush=True)
-'''
 
 
 class SlurmBroker:
@@ -210,7 +183,7 @@ async def test_two_nodes_see_one_rendezvous_and_meet_at_a_tcp_barrier(
 ) -> None:
     port = free_port()
     job = await broker.submit(gpus=16, gpus_per_node=8, fabric="infiniband", command="python3 barrier.py",
-                              files={"barrier.py": BARRIER}, rdzv_port=port)
+                              files={"barrier.py": BARRIER_SCRIPT}, rdzv_port=port)
     alloc = await broker.place(job)
     job = await broker.poll_until(job.id, (JobState.failed, JobState.succeeded), "the 2-node job ended")
     [rec] = await broker.svc.job_allocations(job.id)
@@ -221,9 +194,7 @@ async def test_two_nodes_see_one_rendezvous_and_meet_at_a_tcp_barrier(
     assert len(nodes) == 2
     # Every node: the same size, head and address list (NodeAddr of each node: 127.0.0.1 here), its own rank,
     # in the allocation's order.
-    for r in (0, 1):
-        assert logs[r][0] == f"rdzv {r} 2 127.0.0.1 127.0.0.1,127.0.0.1 127.0.0.1 {port} 8 {nodes[r]}", logs
-    assert logs[0][1:] == ["barrier passed: 1"] and logs[1][1:] == ["barrier passed"]
+    check_barrier(logs, ["127.0.0.1", "127.0.0.1"], port, gpus_per_node=8, hosts=nodes)
     assert slurm_job(slurm_cluster, alloc.resource_ids[0])["JobState"] == "COMPLETED"
 
 

@@ -8,9 +8,7 @@ process, so every machine's address is this host's (the test sets the asks' ``pu
 
 from __future__ import annotations
 
-import json
 import re
-import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -26,45 +24,10 @@ from providers.runtime.logs import parse_log
 from providers.vast import VastProvider
 from providers.vast.requests import member_label, parse_label
 from tests.broker.conftest import wait_for
+from tests.runtime.barrier import SCRIPT as BARRIER_SCRIPT
+from tests.runtime.barrier import check_barrier
 from tests.vast.test_jobs import INSTALLATION, Broker, open_broker
 from tests.vastapi.server import Faults, VastApiServer, free_port
-
-# A tiny TCP barrier from the rendezvous variables alone: the head listens, every other rank connects, says
-# hello and waits for the head's "go" (sent once all have arrived). Both print what they were given.
-BARRIER = textwrap.dedent("""\
-    import json, os, socket, time
-    env = os.environ
-    rank, n = int(env["LOCKSTEP_NODE_RANK"]), int(env["LOCKSTEP_NUM_NODES"])
-    head, port = env["LOCKSTEP_HEAD_ADDR"], int(env["LOCKSTEP_RDZV_PORT"])
-    keys = ["LOCKSTEP_NODE_RANK", "LOCKSTEP_NUM_NODES", "LOCKSTEP_HEAD_ADDR", "LOCKSTEP_NODE_ADDRS",
-            "LOCKSTEP_RDZV_PORT", "LOCKSTEP_GPUS_PER_NODE", "MASTER_ADDR", "MASTER_PORT"]
-    print("rdzv " + json.dumps({k: env.get(k) for k in keys}), flush=True)
-    if rank == 0:
-        srv = socket.create_server((head, port))
-        srv.settimeout(120)
-        peers = []
-        while len(peers) < n - 1:
-            conn, _ = srv.accept()
-            conn.settimeout(60)
-            assert conn.recv(16) == b"hello"
-            peers.append(conn)
-        for conn in peers:
-            conn.sendall(b"go")
-    else:
-        deadline = time.time() + 120
-        while True:
-            try:
-                conn = socket.create_connection((head, port), timeout=5)
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.2)
-        conn.settimeout(60)
-        conn.sendall(b"hello")
-        assert conn.recv(16) == b"go"
-    print("barrier passed", flush=True)
-""")
 
 
 def _local_machines(vast: VastApiServer) -> None:
@@ -97,7 +60,7 @@ def _creates(vast: VastApiServer) -> list[dict]:
 
 async def test_a_two_node_job_runs_on_two_machines_with_one_rendezvous_and_both_are_destroyed(broker: Broker):
     port = free_port()
-    job = await broker.svc.submit(two_node(files={"barrier.py": BARRIER}, command="python3 barrier.py",
+    job = await broker.svc.submit(two_node(files={"barrier.py": BARRIER_SCRIPT}, command="python3 barrier.py",
                                            rdzv_port=port))
     await broker.svc.place_now([job.id])
     job = await broker.svc.get_job(job.id)
@@ -124,18 +87,10 @@ async def test_a_two_node_job_runs_on_two_machines_with_one_rendezvous_and_both_
                      if r["method"] == "DELETE")
     assert deleted == sorted(iids)
 
-    # Each machine's log: the barrier passed, and the rendezvous agrees on everything but the rank.
-    seen = []
-    for rank in range(2):
-        lines = [ln.text for ln in parse_log(await broker.provider.job_log(alloc, rank=rank))]
-        assert "barrier passed" in lines, lines
-        rdzv = json.loads(next(t for t in lines if t.startswith("rdzv "))[5:])
-        assert rdzv.pop("LOCKSTEP_NODE_RANK") == str(rank)
-        seen.append(rdzv)
-    assert seen[0] == seen[1]
-    assert seen[0] == {"LOCKSTEP_NUM_NODES": "2", "LOCKSTEP_HEAD_ADDR": "127.0.0.1",
-                       "LOCKSTEP_NODE_ADDRS": "127.0.0.1,127.0.0.1", "LOCKSTEP_RDZV_PORT": str(port),
-                       "LOCKSTEP_GPUS_PER_NODE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    # Each machine's log: the rendezvous agrees on everything but the rank, and the barrier passed.
+    logs = [[ln.text for ln in parse_log(await broker.provider.job_log(alloc, rank=rank)) if ln.stream == "out"]
+            for rank in range(2)]
+    check_barrier(logs, ["127.0.0.1", "127.0.0.1"], port, gpus_per_node=1)
 
 
 async def test_when_the_second_rent_fails_the_first_machine_is_destroyed_and_the_launch_fails_cleanly(

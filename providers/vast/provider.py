@@ -135,44 +135,24 @@ class VastProvider(HasJobLogs, AssemblesNodes):
     async def launch(self, req: LaunchRequest) -> Allocation:
         if req.members:
             return await self.launch_members(req)
-        ask_id = req.offer.attrs.get("ask_id") or req.offer.id.split(":")[1]
         label = label_for(self.installation, req)
+        run = req.run_request()
+        # One machine, rank 0 of 1; a multi-machine launch makes one body per rank, with a peers rendezvous.
+        env = node_env(run, node_manifest(run, rendezvous=single_node()))
+        # Idempotent: this job and attempt may already hold an instance (looked for under the ask's lock).
+        inst = await self._rent(req, req.offer, label, env, look_first=True)
+        return self._allocation(inst, job_id=req.job_id, attempt=req.attempt, client_token=req.client_token,
+                                offer=req.offer)
 
-        def done(inst: dict[str, Any]) -> Allocation:
-            return self._allocation(inst, job_id=req.job_id, attempt=req.attempt,
-                                    client_token=req.client_token, offer=req.offer)
-
-        async with self._ask_locks[ask_id]:
-            existing = await self._find_by_label(label)
-            if existing is not None:  # idempotent: this job and attempt already hold an instance
-                return done(existing)
-            run = req.run_request()
-            # One machine, rank 0 of 1; a multi-machine launch makes one body per rank, with a peers rendezvous.
-            body = create_body(req, label, env=node_env(run, node_manifest(run, rendezvous=single_node())),
-                               image_login=image_login(run))
-            try:
-                data = await self.client.call("PUT", f"/api/v0/asks/{ask_id}/", body=body)
-            except Refused as exc:
-                if exc.status in (404, 410) or exc.error in GONE_CODES:
-                    # A retried create may have succeeded the first time: look before saying no.
-                    existing = await self._find_by_label(label)
-                    if existing is not None:
-                        return done(existing)
-                    raise CapacityError(PROVIDER, f"ask {ask_id} is no longer available",
-                                        exc.error or f"http_{exc.status}") from None
-                raise
-            if not isinstance(data, dict) or not data.get("success") or data.get("new_contract") is None:
-                code = str(data.get("error") or "create_failed") if isinstance(data, dict) else "create_failed"
-                raise CapacityError(PROVIDER, f"ask {ask_id} was not rented", code)
-            inst = {"id": data["new_contract"], "label": label, "actual_status": None,
-                    "is_bid": req.offer.market == Market.spot, "machine_id": req.offer.attrs.get("machine_id")}
-            return done(inst)
-
-    async def _rent(self, req: LaunchRequest, offer: Offer, label: str, env: dict[str, str]) -> dict[str, Any]:
+    async def _rent(self, req: LaunchRequest, offer: Offer, label: str, env: dict[str, str], *,
+                    look_first: bool = False) -> dict[str, Any]:
         """Rent one machine (``offer``) labelled ``label``: the instance as far as we know it. An ask gone →
-        CapacityError, unless a retried create went through the first time (found by its label)."""
+        CapacityError, unless a retried create went through the first time (found by its label).
+        ``look_first``: an instance already labelled ``label`` is returned without renting."""
         ask_id = offer.attrs.get("ask_id") or offer.id.split(":")[1]
         async with self._ask_locks[ask_id]:
+            if look_first and (existing := await self._find_by_label(label)) is not None:
+                return existing
             body = create_body(req.model_copy(update={"offer": offer}), label, env=env,
                                image_login=image_login(req.run_request()))
             try:

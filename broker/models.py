@@ -4,6 +4,10 @@ Every layer imports this module and nothing here imports the rest of the
 project (except the GPU table, another leaf). Models are pydantic v2; the ones
 users write (JobSpec) forbid unknown fields so a typo is an error, not a
 silently ignored setting.
+
+Models a quote never touches (jobs, allocations, logs, prices, tenants) are ``defer_build=True``:
+pydantic builds their validators on first use instead of at import, which `lockstep quote` would
+otherwise pay for at every start (docs/benchmarks.md, "Start-up"). Their behaviour is the same.
 """
 
 from __future__ import annotations
@@ -796,6 +800,8 @@ class Quote(BaseModel):
 class GpuMarketSummary(BaseModel):
     """One GPU model in one market kind: how much is on offer, where, and the $/GPU-hour range."""
 
+    model_config = ConfigDict(defer_build=True)
+
     market: Market
     offers: int
     gpus: int = Field(description="GPUs across these offers, one node each")
@@ -807,6 +813,8 @@ class GpuMarketSummary(BaseModel):
 
 class GpuSummary(BaseModel):
     """A GPU model as the current book offers it (``lockstep gpus``, ``GET /v1/gpus``)."""
+
+    model_config = ConfigDict(defer_build=True)
 
     gpu: str
     vendor: str = Field(description="nvidia, amd, or '' for a model outside Lockstep's GPU table")
@@ -821,6 +829,8 @@ class GpuSummary(BaseModel):
 
 
 class JobEvent(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     job_id: str
     at: datetime = Field(default_factory=utcnow)
     from_state: JobState | None = None
@@ -830,6 +840,8 @@ class JobEvent(BaseModel):
 
 
 class Job(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     id: str
     tenant: str = "default"
     spec: JobSpec
@@ -851,6 +863,8 @@ class Job(BaseModel):
 
 class Allocation(BaseModel):
     """What a provider handed out for one attempt of one job."""
+
+    model_config = ConfigDict(defer_build=True)
 
     id: str
     job_id: str
@@ -910,6 +924,8 @@ class ExitReason(StrEnum):
 class JobExit(BaseModel):
     """How one attempt's command ended: the job's exit code and reason, and its last output lines."""
 
+    model_config = ConfigDict(defer_build=True)
+
     exit_code: int
     reason: ExitReason = ExitReason.exited
     rank: int = 0  # the node whose status decided it
@@ -932,6 +948,8 @@ class JobExit(BaseModel):
 class AllocationStatus(BaseModel):
     """A provider's answer to poll(). ``exit`` is set once the job's command has ended (succeeded/failed)."""
 
+    model_config = ConfigDict(defer_build=True)
+
     state: AllocationState
     reason: str = ""
     hosts: list[str] = Field(default_factory=list)
@@ -940,6 +958,8 @@ class AllocationStatus(BaseModel):
 
 class LogLine(BaseModel):
     """One line a job printed, as its wrapper recorded it."""
+
+    model_config = ConfigDict(defer_build=True)
 
     at: datetime | None = None
     stream: str = "out"  # out | err | lockstep (the wrapper's own notes)
@@ -955,6 +975,8 @@ SeriesKey = tuple[str, str, str, str, str, str]  # (provider, market, sku, regio
 
 class PriceSeriesKey(BaseModel):
     """What a price series is: ``key`` identifies it in the store; ``gpu`` describes its SKU."""
+
+    model_config = ConfigDict(defer_build=True)
 
     provider: str
     market: Market
@@ -1016,7 +1038,7 @@ class PriceFilter(BaseModel):
     a canonical model, a family ("H100") or a prefix; ``since`` is inclusive, ``until`` exclusive;
     ``limit`` keeps the newest points."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(defer_build=True, extra="forbid")
 
     gpu: str | None = Field(default=None, max_length=64)
     sku: str | None = Field(default=None, max_length=128)
@@ -1031,6 +1053,8 @@ class PriceFilter(BaseModel):
 
 
 class Benchmark(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     provider: str
     target: str  # host name or SKU
     gpu: str = ""
@@ -1050,6 +1074,8 @@ class Benchmark(BaseModel):
 
 
 class Tenant(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     name: str
     monthly_budget_usd: float | None = None
     max_gpus: int | None = None
@@ -1068,6 +1094,8 @@ class Role(StrEnum):
 
 
 class TokenInfo(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     id: str
     tenant: str
     role: Role = Role.user
@@ -1087,7 +1115,7 @@ GpuCap = Annotated[int, Strict(), Field(ge=0, le=1_000_000)]
 class TenantCreate(BaseModel):
     """A new tenant with its caps (``POST /v1/tenants``, ``lockstep tenants create``)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(defer_build=True, extra="forbid", allow_inf_nan=False)
 
     name: str = Field(pattern=NAME_PATTERN)
     monthly_budget_usd: MonthlyBudgetUsd | None = None
@@ -1098,7 +1126,7 @@ class TenantPatch(BaseModel):
     """Caps to change (``PATCH /v1/tenants/{name}``, ``lockstep tenants set-budget``): only the fields
     given are set; null clears a cap."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(defer_build=True, extra="forbid", allow_inf_nan=False)
 
     monthly_budget_usd: MonthlyBudgetUsd | None = None
     max_gpus: GpuCap | None = None
@@ -1107,7 +1135,7 @@ class TenantPatch(BaseModel):
 class TokenCreate(BaseModel):
     """A new API token for a tenant (``POST /v1/tokens``, ``lockstep tokens create``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(defer_build=True, extra="forbid")
 
     tenant: str = Field(pattern=NAME_PATTERN)
     role: Role = Role.user

@@ -14,7 +14,7 @@ from policies.book import MARKETS, OfferBook
 
 
 class OfferFilter(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(defer_build=True, extra="forbid", allow_inf_nan=False)
 
     gpu: list[str] | None = None
     min_gpus: int | None = Field(default=None, ge=1)

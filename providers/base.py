@@ -18,7 +18,7 @@ import abc
 import hashlib
 from typing import ClassVar, Self
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from broker.config import RuntimeConfig
 from broker.models import PER_SECOND, Billing, JobSpec, Market, Offer
@@ -35,6 +35,8 @@ class OfferQuery(BaseModel):
     Providers may return more than asked, never less: the market filters every
     answer with :func:`matches` (and the router judges every offer again).
     """
+
+    model_config = ConfigDict(defer_build=True)
 
     gpus: list[str] | None = None  # canonical models
     min_gpus_per_node: int | None = None
@@ -78,6 +80,8 @@ def matches(o: Offer, q: OfferQuery) -> bool:
 
 
 class LaunchRequest(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     job_id: str
     tenant: str = "default"
     attempt: int = 0

@@ -33,7 +33,7 @@ class RunRequest(BaseModel):
     Built by the router for each launch; never stored (its secrets are values).
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
 
     job_id: str
     attempt: int

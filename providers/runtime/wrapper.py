@@ -48,7 +48,6 @@ import tarfile
 import threading
 import time
 import urllib.error
-import urllib.request
 
 EXIT_MARKER = "LOCKSTEP-EXIT "
 MASK = "*****"
@@ -71,6 +70,8 @@ def log_time() -> str:
 def http(method: str, url: str, data: bytes | None = None, headers: dict | None = None, timeout: float = 30.0,
          attempts: int = 5) -> bytes:
     """One HTTP request with bounded, growing retries on network errors and 5xx/429. Raises on the rest."""
+    import urllib.request  # here: the broker imports this module's constants, and `lockstep quote` sends nothing
+
     delay = 1.0
     for attempt in range(attempts):
         req = urllib.request.Request(url, data=data, method=method, headers=headers or {})

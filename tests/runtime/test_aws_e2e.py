@@ -39,7 +39,6 @@ SECRET = "hf_live_Zq8r2Kp0x7Wm"
 SECRET_SHA = hashlib.sha256(SECRET.encode()).hexdigest()
 
 
-
 class AwsBroker:
     """A Lockstep over moto alone, with the run-time contract on; ``restart()`` gives a new one on the same DB."""
 

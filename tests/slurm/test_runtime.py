@@ -42,7 +42,6 @@ SECRET = "hf_slurm_Q4t9Lw2Zx8Vb"
 SECRET_SHA = hashlib.sha256(SECRET.encode()).hexdigest()
 
 
-
 class SlurmBroker:
     """A Lockstep over the local Slurm cluster alone, with its job directory under the test's tmp_path."""
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from pydantic_settings import (
     EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     YamlConfigSettingsSource,
 )
 
@@ -829,16 +831,28 @@ def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides
     Raises :class:`ConfigError` (bad input) listing every unknown key and wrong value.
     """
     path = _config_path(config_file)
-    layers = _Layers(path, overrides)
     token = _PLAN.set(path or "")
     try:
+        layers = _Layers(path, overrides)
         settings = Settings(**overrides)
     except ValidationError as exc:
         raise ConfigError(layers.problems(exc), path) from None
+    except SettingsError as exc:  # an environment value pydantic-settings could not parse (not JSON where it must be)
+        raise ConfigError([_unparsable_env(exc)], path) from None
     finally:
         _PLAN.reset(token)
     register_secrets(settings.secret_values())  # masked in every log line from now on
     return settings
+
+
+def _unparsable_env(exc: SettingsError) -> Problem:
+    """The section and the variables of an environment value that could not be parsed."""
+    m = re.search(r'field "(\w+)"', str(exc))
+    section = m.group(1) if m else ""
+    prefix = f"LOCKSTEP_{section.upper()}"
+    names = sorted(v for v in os.environ if section and (v.upper() == prefix or v.upper().startswith(prefix + "__")))
+    return Problem(section, "cannot parse its value from the environment: a mapping or a list is written as JSON "
+                   '(e.g. \'{"key": 1}\')', ", ".join(names) or "environment")
 
 
 def check_config(config_file: str | os.PathLike[str] | None = None) -> list[Problem]:
@@ -848,6 +862,8 @@ def check_config(config_file: str | os.PathLike[str] | None = None) -> list[Prob
         layers = _Layers(path, {})
     except ConfigError as exc:
         return exc.problems
+    except SettingsError as exc:
+        return [_unparsable_env(exc)]
     problems: list[Problem] = []
     try:
         load_settings(path)

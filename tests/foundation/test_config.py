@@ -84,6 +84,23 @@ def test_wrong_type_names_the_key_path_in_the_file_and_in_the_environment(
     assert "did you mean 'LOCKSTEP_SLURM__ENABLED'?" in str(problems[1])
 
 
+def test_an_environment_value_that_is_not_json_where_json_is_needed_is_bad_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOCKSTEP_HEALTH__MAX_ALLREDUCE_LATENCY_US", "notjson")
+    with pytest.raises(ConfigError) as err:
+        load_settings(None)
+    assert str(err.value).startswith("LOCKSTEP_HEALTH__MAX_ALLREDUCE_LATENCY_US: health: cannot parse its value")
+    assert [p.where for p in check_config(None)] == ["LOCKSTEP_HEALTH__MAX_ALLREDUCE_LATENCY_US"]
+    out = subprocess.run([sys.executable, "-m", "broker", "quote", "examples/finetune-1gpu.yaml", "--json"],
+                         capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2],
+                         env={**os.environ, "LOCKSTEP_DB": str(tmp_path / "x.db")})
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        "lockstep: LOCKSTEP_HEALTH__MAX_ALLREDUCE_LATENCY_US: health: cannot parse its value from the environment: "
+        "a mapping or a list is written as JSON (e.g. '{\"key\": 1}')"]
+
+
 def test_a_secret_of_the_wrong_type_is_named_but_never_shown(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("vast:\n  api_key: [s3cr3t-key-value]\n  api_kye: s3cr3t-typo-value\n")

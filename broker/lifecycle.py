@@ -33,6 +33,7 @@ from broker.models import (
     JobExit,
     JobState,
     QuoteOption,
+    billing_start,
     utcnow,
 )
 from broker.secrets import SecretSources, mask
@@ -88,22 +89,6 @@ class LaunchTry:
 
 def _tries(tries: Sequence[LaunchTry]) -> dict[str, Any]:
     return {"tries": [t.as_event() for t in tries]} if tries else {}
-
-
-def billing_start(alloc: Allocation, attrs: Mapping[str, str] | None = None) -> datetime:
-    """When an allocation began to cost: when a poll first saw it running, else when it was launched (an
-    attempt that ended before any poll saw it run)."""
-    since = (alloc.attrs if attrs is None else attrs).get("running_since")
-    return datetime.fromisoformat(since) if since else alloc.created_at
-
-
-def run_cost(alloc: Allocation, attrs: Mapping[str, str], now: datetime) -> float:
-    """What an allocation has cost since it was first seen running (USD, not rounded to any billing unit)."""
-    since = attrs.get("running_since")
-    if not since:
-        return 0.0
-    hours = max((now - datetime.fromisoformat(since)).total_seconds(), 0.0) / 3600.0
-    return hours * alloc.usd_per_hour
 
 
 RELEASING = "releasing_at"  # attrs: when a release call began that has not been recorded yet (a crash's trace)
@@ -267,10 +252,8 @@ class JobLifecycle:
         released), its cost added, and the job placed again — where the spot plan (``decision``, kept in the
         event) expects spot. Not a preemption: nothing is counted. None when the release failed (the job keeps
         running; the next rebalance tries again) or another writer moved the job first."""
-        now = self.clock()
         if (await asyncio.to_thread(self.store.get_allocation, alloc.id)).state is not AllocationState.running:
             return None  # another writer (a replica's rebalance, a poll) got to it first
-        spent = job.spent_usd + run_cost(alloc, alloc.attrs, now)
         await self.release(alloc, "rebalanced: moving the job from on-demand to spot")
         current = await asyncio.to_thread(self.store.get_allocation, alloc.id)
         if current.state is not AllocationState.released:
@@ -278,8 +261,7 @@ class JobLifecycle:
         try:
             return await self._move(job.id, JobState.pending,
                                     "requeued to move from on-demand to spot; resumes from its last checkpoint",
-                                    {"allocation": alloc.id, "rebalance": decision}, {JobState.running},
-                                    spent_usd=spent)
+                                    {"allocation": alloc.id, "rebalance": decision}, {JobState.running})
         except ConflictError:
             return None
 
@@ -486,7 +468,7 @@ class JobLifecycle:
         current = await asyncio.to_thread(self.store.get_allocation, alloc.id)
         attrs = {**current.attrs, **alloc.attrs}
         end = datetime.fromisoformat(attrs[RELEASING]) if RELEASING in attrs else self.clock()
-        seconds = (end - billing_start(current, attrs)).total_seconds()
+        seconds = (end - billing_start(current.created_at, attrs)).total_seconds()
         launched = bool(current.resource_ids or alloc.resource_ids)
         billed = billing.billed_seconds(seconds) if launched else 0.0
         cost = current.usd_per_hour * billed / 3600.0

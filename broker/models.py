@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from types import UnionType
@@ -53,6 +54,13 @@ def as_utc(value: datetime | str) -> datetime:
     if isinstance(value, str):
         value = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def billing_start(created_at: datetime, attrs: Mapping[str, str] | None) -> datetime:
+    """When an allocation began to cost: when a poll first saw it running (``attrs["running_since"]``), else
+    when it was launched (an attempt that ended before any poll saw it run)."""
+    since = (attrs or {}).get("running_since")
+    return as_utc(since) if since else as_utc(created_at)
 
 
 # --------------------------------------------------------------------------- enums

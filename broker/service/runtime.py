@@ -60,13 +60,11 @@ class GroupCommit:
     async def write(self, job: Job, idempotency_key: str | None) -> tuple[Job, bool]:
         fut: asyncio.Future[tuple[Job, bool]] = asyncio.get_running_loop().create_future()
         self._waiting.append((job, idempotency_key, fut))
-        # A writer that has finished is done at once, but leaves the set only when its done-callback runs
-        # later: counted, it would keep this submission from starting a writer, and nobody would write it.
+        # Only writers still running count (the set also keeps their tasks referenced): a finished one must not
+        # keep this submission from starting a writer, or nobody would write it.
         self._writers = {t for t in self._writers if not t.done()}
         if len(self._writers) < self._in_flight():
-            task = asyncio.create_task(self._drain())
-            self._writers.add(task)
-            task.add_done_callback(self._writers.discard)
+            self._writers.add(asyncio.create_task(self._drain()))
         return await asyncio.shield(fut)  # a caller that goes away does not cancel the others' write
 
     async def _drain(self) -> None:

@@ -28,6 +28,7 @@ from broker.models import (
     JobState,
     QuoteOption,
     as_utc,
+    billing_start,
     utcnow,
 )
 from broker.store.engine import Database
@@ -103,10 +104,6 @@ def _job(row: Row[Any] | dict[str, Any], events: list[JobEvent] | None = None) -
     return job
 
 
-def billing_start(created_at: datetime, attrs: dict[str, str] | None) -> datetime:
-    """When an allocation began to cost: when it was first seen running, else when it was launched."""
-    since = (attrs or {}).get("running_since")
-    return as_utc(since) if since else as_utc(created_at)
 def _jobs_sharing_specs(rows: Iterable[Row[Any]]) -> list[Job]:
     """Jobs from rows, each distinct spec (by its stored fingerprint) validated once: a sweep or a batch
     of one spec reads as one spec parse, not one per job. Jobs of one spec then share the JobSpec object

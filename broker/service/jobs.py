@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from datetime import datetime
 
 from broker.errors import NoFeasibleOption, ProviderError
@@ -12,7 +11,6 @@ from broker.service.runtime import Runtime, new_job_id
 from providers.registry import how_to_enable
 
 MAX_HINTS = 100_000  # job ids kept for the placement loop's quick passes (broker/loops.py)
-SOURCES_REUSE_S = 1.0  # how long a spec's feasible price sources on one book are reused (snapshot warning)
 
 log = logging.getLogger(__name__)
 
@@ -54,21 +52,9 @@ class JobsService(Runtime):
         await self.ensure_offers()
         book = self.market.book(unhealthy_hosts=await self.unhealthy_nodes(),
                                 preemption_rates=self.preemption_rates())
-        # One ranking per spec and book a second, not one per submission: a burst of one spec (a sweep,
-        # a retrying client) pays for it once (the same reuse as the API's quotes, broker/service/offers.py).
-        if self._sources_book is not book:
-            self._sources.clear()
-            self._sources_book = book
-        key = spec.model_dump_json()
-        t = time.monotonic()
-        hit = self._sources.get(key)
-        if hit is not None and hit[0] > t:
-            by_market = hit[1]
-        else:
-            by_market = rank_quote(book, spec, now=now, top=1, max_rejected=0).feasible_sources
-            if len(self._sources) >= 512:
-                self._sources.clear()
-            self._sources[key] = (t + SOURCES_REUSE_S, by_market)
+        # One ranking per spec and book a second, not one per submission (the API's quotes do the same).
+        by_market = self._sources.get(book, spec.model_dump_json(), lambda: rank_quote(
+            book, spec, now=now, top=1, max_rejected=0).feasible_sources)
         snapshot = OfferSource.snapshot.value
         if not by_market or any(src != snapshot for counts in by_market.values() for src in counts):
             return ""

@@ -14,8 +14,6 @@ if TYPE_CHECKING:
     from policies.offers import OfferFilter
 
 
-QUOTE_REUSE_S = 1.0  # how long the API may answer an identical quote on the same book from memory
-QUOTE_CACHE_SIZE = 512  # quotes kept for that (distinct specs × top × max_rejected)
 
 
 class OffersService(Runtime):
@@ -41,21 +39,8 @@ class OffersService(Runtime):
         book, and a new book forgets every quote of the old one."""
         await self.ensure_offers()
         book = self.market.book(unhealthy_hosts=await self.unhealthy_nodes(), preemption_rates=self.preemption_rates())
-        if self._quote_book is not book:
-            self._quote_texts.clear()
-            self._quote_book = book
-        key = (spec.model_dump_json(), top, max_rejected)
-        now = time.monotonic()
-        hit = self._quote_texts.get(key)
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        text = self._rank(book, spec, top, max_rejected).model_dump_json()
-        if len(self._quote_texts) >= QUOTE_CACHE_SIZE:
-            old = [k for k, (until, _) in self._quote_texts.items() if until <= now]
-            for k in old or list(self._quote_texts)[:QUOTE_CACHE_SIZE // 4]:
-                del self._quote_texts[k]
-        self._quote_texts[key] = (now + QUOTE_REUSE_S, text)
-        return text
+        return self._quote_texts.get(book, (spec.model_dump_json(), top, max_rejected),
+                                     lambda: self._rank(book, spec, top, max_rejected).model_dump_json())
 
     async def offers(self, f: OfferFilter, limit: int | None = None) -> list[Offer]:
         """The offer book narrowed by ``f``, cheapest per GPU-hour first. Offers on a node marked unhealthy

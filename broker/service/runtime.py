@@ -15,7 +15,7 @@ import secrets
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from broker.config import Settings
 from broker.models import Allocation, Benchmark, Job, utcnow
@@ -31,12 +31,44 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UNHEALTHY_CACHE_S = 1.0
+QUOTE_REUSE_S = 1.0  # how long an identical quote on the same book is answered from memory
 WRITERS_IN_FLIGHT = 4  # submission transactions at once on PostgreSQL (GroupCommit)
 
 
 def new_job_id() -> str:
     """Time-ordered, unguessable: 'j' + milliseconds (hex) + 8 random hex digits."""
     return f"j{int(time.time() * 1000):011x}{secrets.token_hex(4)}"
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class BookMemo(Generic[K, V]):
+    """Answers worked out on one offer book, reused for ``ttl_s`` seconds: a burst of identical requests (a
+    sweep, a retrying client) pays once. A new book (a refresh, a drain, new spot rates) forgets them all;
+    at ``size`` answers, the expired ones go (or the oldest quarter when none has)."""
+
+    def __init__(self, ttl_s: float, size: int = 512) -> None:
+        self.ttl_s, self.size = ttl_s, size
+        self._book: object = None
+        self._memo: dict[K, tuple[float, V]] = {}
+
+    def get(self, book: object, key: K, work: Callable[[], V]) -> V:
+        if self._book is not book:
+            self._memo.clear()
+            self._book = book
+        now = time.monotonic()
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        value = work()
+        if len(self._memo) >= self.size:
+            old = [k for k, (until, _) in self._memo.items() if until <= now]
+            for k in old or list(self._memo)[:self.size // 4]:
+                del self._memo[k]
+        self._memo[key] = (now + self.ttl_s, value)
+        return value
 
 
 class GroupCommit:
@@ -114,11 +146,10 @@ class Runtime:
         self._stop_tracker: asyncio.Event | None = None
         self._tracker: Tracker | None = None
         self._unhealthy_cache: tuple[float, dict[tuple[str, str], str]] | None = None
-        # The API's quotes as JSON, reused briefly on the same book (OffersService.quote_json).
-        self._quote_texts: dict[tuple[str, int, int | None], tuple[float, str]] = {}
-        self._quote_book: object = None  # the book those quotes were ranked on
-        self._sources: dict[str, tuple[float, dict[str, dict[str, int]]]] = {}  # spec → feasible price sources
-        self._sources_book: object = None
+        # The API's quotes as JSON (OffersService.quote_json), and each spec's feasible price sources (the
+        # snapshot-only warning at submission), reused briefly on the same book.
+        self._quote_texts: BookMemo[tuple[str, int, int | None], str] = BookMemo(QUOTE_REUSE_S)
+        self._sources: BookMemo[str, dict[str, dict[str, int]]] = BookMemo(QUOTE_REUSE_S)
 
     # ------------------------------------------------------------------ plumbing
     @property

@@ -18,7 +18,7 @@ from broker.models import OfferSource
 from broker.service import Lockstep
 from providers.base import OfferQuery
 from providers.catalog import CatalogProvider
-from tests.broker.memory import MemoryProvider, offer, spec
+from tests.broker.memory import MemoryProvider, clock, offer, spec
 
 AWS_ONLY = {"providers": ["aws"], "gpu": "A10G", "markets": ["on_demand"]}
 
@@ -37,7 +37,9 @@ async def svc_for(tmp_path: Path) -> AsyncIterator:
     def make(aws: MemoryProvider, mode: str = "warn") -> Lockstep:
         settings = Settings(db_url=f"sqlite:///{tmp_path / f'{len(made)}.db'}",
                             broker=BrokerConfig(snapshot_only_jobs=mode))  # type: ignore[arg-type]
-        svc = Lockstep(settings, providers={"catalog": CatalogProvider(), "aws": aws})
+        # The memory market's offers are observed at its fixed NOW: the service reads the same clock, so a
+        # price's age (and its "live" label) does not depend on the day the test runs.
+        svc = Lockstep(settings, providers={"catalog": CatalogProvider(), "aws": aws}, clock=clock)
         made.append(svc)
         return svc
 

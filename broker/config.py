@@ -361,6 +361,20 @@ def credential_files(section: object) -> tuple[tuple[str, tuple[int, ...] | None
     return tuple(out)
 
 
+class EventsConfig(_Section):
+    """The event stream and webhooks (docs/api.md, "Events and webhooks")."""
+
+    poll_interval_s: float = Field(default=0.5, gt=0, le=60)  # how often a follower / the outbox reads the store
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    webhook_max_attempts: int = Field(default=12, ge=1, le=100)  # then the delivery is failed (and listed so)
+    webhook_backoff_initial_s: float = Field(default=2.0, gt=0)
+    webhook_backoff_max_s: float = Field(default=900.0, gt=0)
+    webhook_lease_s: float = Field(default=60.0, gt=0)  # a sender that died mid-attempt: tried again after this
+    # Webhook URLs must resolve to public addresses (no loopback, private, link-local or metadata ranges):
+    # a tenant must not make the broker call into its own network. True only for tests and closed networks.
+    webhook_allow_private: bool = False
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="LOCKSTEP_", env_nested_delimiter="__", extra="forbid", case_sensitive=False
@@ -379,6 +393,7 @@ class Settings(BaseSettings):
     api: ApiConfig = Field(default_factory=ApiConfig)
     secrets: SecretsConfig = Field(default_factory=SecretsConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    events: EventsConfig = Field(default_factory=EventsConfig)
 
     @classmethod
     def settings_customise_sources(

@@ -1148,3 +1148,75 @@ class TokenCreate(BaseModel):
     tenant: str = Field(pattern=NAME_PATTERN)
     role: Role = Role.user
     label: str = Field(default="", max_length=256)
+
+
+# --------------------------------------------------------------------------- events and webhooks (issue 26)
+
+EVENT_KIND_PATTERN = r"^[a-z*][a-z0-9_.*]{0,63}$"
+
+
+class StreamEvent(BaseModel):
+    """One line of ``GET /v1/events``: a job's state change (kind ``job.<new state>``), an event another part
+    recorded in a job's history with its own ``data.kind`` (a budget alert: ``budget.alert``), or a market's
+    price spike (``price.spike``, every tenant's). ``cursor`` is where to resume after this event."""
+
+    model_config = ConfigDict(defer_build=True)
+
+    cursor: str
+    kind: str
+    at: datetime
+    tenant: str | None = Field(default=None, description="the job's tenant; null for a market-wide event")
+    job_id: str | None = None
+    from_state: JobState | None = None
+    to_state: JobState | None = None
+    reason: str = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class WebhookCreate(BaseModel):
+    """A webhook to register (``POST /v1/webhooks``): where to POST, which event kinds (``*`` wildcards:
+    ``job.*``, ``budget.*``), and the secret each delivery is signed with (never shown again)."""
+
+    model_config = ConfigDict(defer_build=True, extra="forbid")
+
+    url: str = Field(min_length=8, max_length=2048, pattern=r"^https?://[^\s]+$")
+    kinds: list[Annotated[str, Field(pattern=EVENT_KIND_PATTERN)]] = Field(default_factory=lambda: ["*"],
+                                                                           min_length=1, max_length=32)
+    secret: str = Field(min_length=16, max_length=256, pattern=r"^[\x21-\x7e]+$")
+    tenant: str | None = Field(default=None, pattern=NAME_PATTERN,
+                               description="admins only: the tenant it is for (default: the caller's)")
+
+
+class Webhook(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
+    id: str
+    tenant: str
+    url: str
+    kinds: list[str]
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class DeliveryState(StrEnum):
+    pending = "pending"  # waiting for its (next) attempt
+    delivered = "delivered"  # the receiver answered 2xx
+    failed = "failed"  # gave up after the last attempt (webhooks.max_attempts)
+
+
+class WebhookDelivery(BaseModel):
+    """One event for one webhook, kept in the store's outbox from the moment it is due to when it is done."""
+
+    model_config = ConfigDict(defer_build=True)
+
+    id: str
+    webhook_id: str
+    tenant: str
+    cursor: str
+    kind: str
+    state: DeliveryState = DeliveryState.pending
+    attempts: int = 0
+    next_attempt_at: datetime | None = None
+    last_status: int | None = None
+    last_error: str = ""
+    created_at: datetime = Field(default_factory=utcnow)
+    delivered_at: datetime | None = None

@@ -339,6 +339,48 @@ class IdempotencyKeyRow(SQLModel, table=True):
     created_at: datetime = _ts()
 
 
+class WebhookRow(SQLModel, table=True):
+    """A tenant's webhook; ``cursor`` is the event stream position its outbox has been filled to."""
+
+    __tablename__ = "webhooks"
+
+    id: str = Field(sa_column=sa.Column(sa.String(32), primary_key=True))
+    tenant: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, index=True))
+    url: str = Field(sa_column=sa.Column(sa.Text(), nullable=False))
+    kinds: list[str] = Field(sa_column=sa.Column(sa.JSON(), nullable=False))
+    # The signing key has to be usable (HMAC), so it is kept, and never returned by the API.
+    secret: str = Field(sa_column=sa.Column(sa.String(256), nullable=False))
+    cursor: str = Field(sa_column=sa.Column(sa.String(64), nullable=False))
+    created_at: datetime = _ts()
+
+
+class WebhookDeliveryRow(SQLModel, table=True):
+    """The outbox: one event for one webhook, written before any attempt, kept after (delivered or failed)."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        sa.UniqueConstraint("webhook_id", "cursor", name="uq_webhook_deliveries_event"),
+        sa.Index("ix_webhook_deliveries_due", "state", "next_attempt_at"),
+    )
+
+    id: str = Field(sa_column=sa.Column(sa.String(32), primary_key=True))
+    webhook_id: str = Field(
+        sa_column=sa.Column(sa.String(32), sa.ForeignKey("webhooks.id", ondelete="CASCADE"), nullable=False)
+    )
+    tenant: str = Field(sa_column=sa.Column(sa.String(64), nullable=False))
+    cursor: str = Field(sa_column=sa.Column(sa.String(64), nullable=False))
+    kind: str = Field(sa_column=sa.Column(sa.String(64), nullable=False))
+    body: str = Field(sa_column=sa.Column(sa.Text(), nullable=False))
+    state: str = Field(sa_column=sa.Column(sa.String(16), nullable=False))
+    attempts: int = Field(sa_column=sa.Column(sa.Integer(), nullable=False, server_default="0"))
+    next_attempt_at: datetime | None = _ts(nullable=True)
+    lease_until: datetime | None = _ts(nullable=True)
+    last_status: int | None = Field(default=None, sa_column=sa.Column(sa.Integer(), nullable=True))
+    last_error: str = Field(sa_column=sa.Column(sa.Text(), nullable=False, server_default=""))
+    created_at: datetime = _ts()
+    delivered_at: datetime | None = _ts(nullable=True)
+
+
 metadata = SQLModel.metadata
 
 

@@ -33,6 +33,8 @@ from broker.models import (
     TenantPatch,
     TokenCreate,
     TokenInfo,
+    Webhook,
+    WebhookCreate,
 )
 
 _AT = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
@@ -94,6 +96,10 @@ def by_model() -> dict[type[BaseModel], Any]:
         DrainResult: DrainResult(provider="slurm", node="gpu-node-07", healthy=False,
                                  reason="double-bit ECC errors", drained=True),
         Health: Health(status="ok"),
+        WebhookCreate: WebhookCreate(url="https://hooks.example.com/lockstep", kinds=["job.*", "budget.*"],
+                                     secret="whsec-example-0123456789"),
+        Webhook: Webhook(id="wh_0123456789abcdef", tenant="acme", url="https://hooks.example.com/lockstep",
+                         kinds=["job.*", "budget.*"], created_at=_AT),
     }
     docs: dict[type[BaseModel], Any] = {model: doc.model_dump(mode="json") for model, doc in out.items()}
     docs[JobSpec] = dict(_SPEC)  # a request as a person writes it, not the normalised model

@@ -16,6 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from broker.api.errors import ApiError
+from broker.api.events import DeliveryParams, EventParams, get_events
 from broker.api.keys import AUTH, METRICS, OPENAPI, SERVICE, TOKENS
 from broker.api.metrics import CONTENT_TYPE
 from broker.api.params import (
@@ -40,7 +41,7 @@ from broker.api.schemas import (
     ProvidersReport,
     TokenCreated,
 )
-from broker.errors import ConflictError, LockstepError, SpecError
+from broker.errors import ConflictError, LockstepError, NotFoundError, SpecError
 from broker.models import (
     GpuSummary,
     Job,
@@ -51,11 +52,15 @@ from broker.models import (
     PriceSeries,
     Quote,
     Role,
+    StreamEvent,
     Tenant,
     TenantCreate,
     TenantPatch,
     TokenCreate,
     TokenInfo,
+    Webhook,
+    WebhookCreate,
+    WebhookDelivery,
 )
 from broker.specs import parse_spec
 
@@ -296,6 +301,35 @@ async def patch_tenant(request: web.Request) -> web.Response:
     return render(await svc.update_tenant(request.match_info["name"], patch))
 
 
+# --------------------------------------------------------------------------- webhooks (events: broker/api/events.py)
+
+
+async def create_webhook(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    body = await parse_body(request, WebhookCreate)
+    caller = _caller(request)
+    hook = await svc.create_webhook(body, caller.tenant, caller.role is Role.admin)
+    return render(hook, status=201, headers={"Location": f"/v1/webhooks/{hook.id}"})
+
+
+async def list_webhooks(request: web.Request) -> web.Response:
+    return render(await request.app[SERVICE].list_webhooks(_scope(request)))
+
+
+async def delete_webhook(request: web.Request) -> web.Response:
+    await request.app[SERVICE].delete_webhook(request.match_info["webhook_id"], _scope(request))
+    return web.Response(status=204)
+
+
+async def webhook_deliveries(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    params = parse_query(request, DeliveryParams)
+    hook_id, scope = request.match_info["webhook_id"], _scope(request)
+    if hook_id not in {h.id for h in await svc.list_webhooks(scope)}:
+        raise NotFoundError(f"webhook {hook_id} not found")
+    return render(await svc.webhook_deliveries(scope, hook_id, params.state, params.limit))
+
+
 # --------------------------------------------------------------------------- operations
 
 
@@ -422,6 +456,18 @@ ROUTES: tuple[Route, ...] = (
           {200: Tenant}),
     Route("PATCH", "/v1/tenants/{name}", patch_tenant, "Set a tenant's budget and GPU cap (admin)", "admin",
           {200: Tenant}, body=TenantPatch),
+    Route("GET", "/v1/events", get_events,
+          "Every job state change (and budget alert, price spike) the caller may see, oldest first, from a cursor; "
+          "with follow=true streamed as they happen", "events", {200: Lines(StreamEvent)}, query=EventParams),
+    Route("POST", "/v1/webhooks", create_webhook, "Register a webhook for the caller's tenant (signed deliveries)",
+          "events", {201: Webhook}, body=WebhookCreate),
+    Route("GET", "/v1/webhooks", list_webhooks, "The caller's webhooks (admins: all), never their secrets", "events",
+          {200: list[Webhook]}),
+    Route("DELETE", "/v1/webhooks/{webhook_id}", delete_webhook, "Delete a webhook and its deliveries", "events",
+          {204: NO_CONTENT}),
+    Route("GET", "/v1/webhooks/{webhook_id}/deliveries", webhook_deliveries,
+          "A webhook's deliveries, newest first: state, attempts, last status and error", "events",
+          {200: list[WebhookDelivery]}, query=DeliveryParams),
     Route("GET", "/healthz", healthz, "The process is up", "operations", {200: Health}, public=True),
     Route("GET", "/readyz", readyz, "The store answers and a market is available", "operations",
           {200: Health, 503: Health}, public=True),

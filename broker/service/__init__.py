@@ -17,6 +17,9 @@ module             class               operations
 ``tenants``        TenantsService      create_tenant, list_tenants, get_tenant, update_tenant (each with
                                        its month-to-date spend), create_token, list_tokens, revoke_token,
                                        verify_token
+``events``         EventsService       events, follow_events (the stream, from a cursor), create_webhook,
+                                       list_webhooks, delete_webhook, webhook_deliveries,
+                                       deliver_webhooks_now
 ``operations``     OperationsService   store_ok (readiness)
 ``runtime``        Runtime             store, market, db, refresh, ensure_offers, start/stop (the broker
                                        loops and the tracker), broker, tracker, aclose
@@ -29,6 +32,7 @@ says how the API and the CLI show it (broker/errors.py).
 
 from __future__ import annotations
 
+from broker.service.events import EventsService
 from broker.service.jobs import JobsService
 from broker.service.logs import LogsService
 from broker.service.nodes import NodesService
@@ -40,7 +44,7 @@ from broker.service.tenants import TenantsService
 
 
 class Lockstep(OffersService, JobsService, LogsService, NodesService, PricesService, TenantsService,
-               OperationsService):
+               EventsService, OperationsService):
     """Every operation of the service over one store and one market; see the module doc for the map."""
 
 

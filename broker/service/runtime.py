@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from broker.market import Marketplace, ProviderHealth
     from broker.store import Store
     from broker.tracker import Tracker
+    from broker.webhooks import WebhookDispatcher
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,7 @@ class Runtime:
         self._background: list[asyncio.Task[None]] = []
         self._stop_tracker: asyncio.Event | None = None
         self._tracker: Tracker | None = None
+        self._webhooks: WebhookDispatcher | None = None
         self._unhealthy_cache: tuple[float, dict[tuple[str, str], str]] | None = None
         # The API's quotes as JSON (OffersService.quote_json), and each spec's feasible price sources (the
         # snapshot-only warning at submission), reused briefly on the same book.
@@ -188,6 +190,8 @@ class Runtime:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
     async def aclose(self) -> None:
+        if self._webhooks is not None:
+            await self._webhooks.aclose()
         if self._market is not None:
             await self.market.aclose()
         else:  # the book was never opened: close the providers themselves
@@ -240,6 +244,15 @@ class Runtime:
             self._tracker = Tracker(self.settings, self.store, self._providers, clock=self.clock)
         return self._tracker
 
+    @property
+    def webhooks(self) -> WebhookDispatcher:
+        """The webhook outbox: filled from the event stream, delivered, retried (broker/webhooks.py)."""
+        if self._webhooks is None:
+            from broker.webhooks import WebhookDispatcher
+
+            self._webhooks = WebhookDispatcher(self.settings.events, self.store, self.clock)
+        return self._webhooks
+
     def preemption_rates(self) -> dict[tuple[str, str, str], float]:
         """Observed preemptions per hour by (provider, zone, sku); the tracker fills it when running."""
         return dict(self._preemption_rates)
@@ -248,7 +261,8 @@ class Runtime:
         """Start the broker loops: reconcile, then refresh / place / poll, and the price tracker."""
         await self.broker.start()
         self._stop_tracker = asyncio.Event()
-        self._background = [asyncio.create_task(self.tracker.run_forever(self._stop_tracker))]
+        self._background = [asyncio.create_task(self.tracker.run_forever(self._stop_tracker)),
+                            asyncio.create_task(self.webhooks.run_forever(self._stop_tracker))]
 
     async def stop(self) -> None:
         if self._stop_tracker is not None:

@@ -6,7 +6,9 @@
 - :mod:`broker.store.jobs`: jobs, their events and allocations; spend and usage;
 - :mod:`broker.store.tenants`: tenants and API tokens;
 - :mod:`broker.store.nodes`: benchmarks and node health;
-- :mod:`broker.store.prices`: price history and spike alerts.
+- :mod:`broker.store.prices`: price history and spike alerts;
+- :mod:`broker.store.events`: the event stream (job events and spike alerts, by id);
+- :mod:`broker.store.webhooks`: webhooks and their delivery outbox.
 
 It is synchronous on purpose: SQLAlchemy Core over a connection pool, called from async
 layers with ``asyncio.to_thread``. Callers only ever see the pydantic models of
@@ -30,13 +32,15 @@ them programmatically, no alembic.ini needed.
 from __future__ import annotations
 
 from broker.store.engine import MIGRATIONS_DIR, Database, make_engine
+from broker.store.events import EventCursor, EventStore
 from broker.store.jobs import LIVE_STATES, JobStore
 from broker.store.nodes import NodeStore
 from broker.store.prices import PriceStore
 from broker.store.tenants import TenantStore
+from broker.store.webhooks import WebhookStore
 
 
-class Store(JobStore, TenantStore, NodeStore, PriceStore):
+class Store(JobStore, TenantStore, NodeStore, PriceStore, EventStore, WebhookStore):
     """All persistent state: every aggregate over one engine. Thread-safe; one per process is enough."""
 
 
@@ -48,4 +52,4 @@ def open_store(url: str, migrate: bool = True) -> Store:
     return store
 
 
-__all__ = ["LIVE_STATES", "MIGRATIONS_DIR", "Database", "Store", "make_engine", "open_store"]
+__all__ = ["LIVE_STATES", "MIGRATIONS_DIR", "Database", "EventCursor", "Store", "make_engine", "open_store"]

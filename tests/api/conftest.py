@@ -27,7 +27,7 @@ from aiohttp import web
 from pydantic import SecretStr
 
 from broker.api import create_app, start_server
-from broker.config import ApiConfig, Settings, VastConfig
+from broker.config import ApiConfig, EventsConfig, Settings, VastConfig
 from broker.models import Role
 from broker.service import Lockstep
 from broker.store import open_store
@@ -121,7 +121,9 @@ def captured_logs() -> Iterator[_Collector]:
 
 
 def _settings(db_url: str, api: ApiConfig) -> Settings:
-    return Settings(db_url=db_url, api=api, vast=VastConfig(enabled=False, api_key=SecretStr(FAKE_VAST_KEY)))
+    # Webhook URLs on loopback are allowed here (receivers in tests); no name is ever resolved then.
+    return Settings(db_url=db_url, api=api, vast=VastConfig(enabled=False, api_key=SecretStr(FAKE_VAST_KEY)),
+                    events=EventsConfig(webhook_allow_private=True))
 
 
 def _serve(settings: Settings, request: pytest.FixtureRequest) -> tuple[ServerThread, Lockstep]:

@@ -26,6 +26,7 @@ import ipaddress
 import json
 import logging
 import socket
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,6 @@ from tenacity import RetryCallState, Retrying, wait_exponential_jitter
 
 from broker.config import EventsConfig
 from broker.errors import SpecError
-from broker.models import as_utc
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -165,13 +165,13 @@ class WebhookDispatcher:
 
     async def _attempt(self, d: dict[str, Any]) -> None:
         body = d["body"].encode()
-        now = self.clock()
         status: int | None = None
         error = ""
         try:
             await asyncio.to_thread(check_url, d["url"], self.cfg.webhook_allow_private)  # DNS may have changed
             headers = {"Content-Type": "application/json", DELIVERY_HEADER: d["id"], EVENT_HEADER: d["kind"],
-                       SIGNATURE_HEADER: sign(d["secret"], body, int(as_utc(now).timestamp())),
+                       # The wall clock, not the service's: the receiver checks it against its own clock.
+                       SIGNATURE_HEADER: sign(d["secret"], body, int(time.time())),
                        "User-Agent": "Lockstep-Webhooks/1"}
             resp = await self._http.post(d["url"], content=body, headers=headers)
             status = resp.status_code

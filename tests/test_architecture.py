@@ -172,3 +172,90 @@ def test_the_core_knows_no_provider_by_name_and_probes_no_capability() -> None:
         if module.split(".")[0] in ("broker", "policies") and module != "broker.config":
             found += _names_compared(path, names) + _capability_probes(path)
     assert not found, "\n".join(found)
+
+
+# --------------------------------------------------------------------------- the shells (issue 26)
+
+SHELLS = ("broker.api", "broker.cli", "broker.dashboard")
+# What a shell may import besides the shells: the service, the models and the other leaves, the settings it
+# builds the service from, reading a spec (input), logging set-up, the package's version, and the SDK client
+# (the CLI's remote backend). Never the store, the market, the loops, the router, a provider.
+SHELL_MAY_IMPORT = LEAVES | {"broker", "broker.config", "broker.specs", "broker.logconfig", "broker.client",
+                             "policies.offers"}  # OfferFilter: the offer book's query model
+# Known reaches past the service, each in a file another piece of work owns; a fixed one must leave this list
+# (the test fails on a stale entry), and no new one may join it.
+SHELL_DEBTS = {
+    "broker.api.schemas → broker.market",  # ProviderHealth, the providers report's model
+    "broker.cli.bench → broker.nccl",  # parse-nccl: a pure parser of a file on this machine
+    "broker.cli.bench → broker.probe",
+    "broker.cli.prices → policies.spikes",  # replaying spike detection over a file
+}
+# Attributes of the service a shell must not reach for: the facade hands out operations, not its parts.
+SERVICE_INTERNALS = {"store", "market", "broker", "_broker", "tracker", "webhooks", "burnin", "_providers",
+                     "_store", "_market"}
+INTERNAL_DEBTS = {"broker/cli/local.py:18 .store"}  # opening the store early (the local backend's start)
+
+
+def _is_shell(module: str) -> bool:
+    return any(module == s or module.startswith(s + ".") for s in SHELLS)
+
+
+def _service_module(module: str) -> bool:
+    return module == "broker.service" or module.startswith("broker.service.")
+
+
+def test_the_shells_import_only_the_service_and_the_models() -> None:
+    found = {f"{m} → {t}" for m, targets in GRAPH.items() if _is_shell(m) for t in targets
+             if not (_is_shell(t) or _service_module(t) or t in SHELL_MAY_IMPORT)}
+    assert not found - SHELL_DEBTS, "shells reaching past the service:\n" + "\n".join(sorted(found - SHELL_DEBTS))
+    assert not SHELL_DEBTS - found, f"fixed: take these off SHELL_DEBTS: {sorted(SHELL_DEBTS - found)}"
+
+
+def _is_service(node: ast.expr) -> bool:
+    """An expression that holds the service: ``svc``, ``self.svc``, ``service``, ``request.app[SERVICE]``."""
+    text = ast.unparse(node)
+    return text in ("svc", "service") or text.endswith((".svc", ".service")) or text.endswith("[SERVICE]")
+
+
+def test_the_shells_use_no_part_of_the_service() -> None:
+    found = set()
+    for module, path in MODULES.items():
+        if not _is_shell(module):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in SERVICE_INTERNALS and _is_service(node.value):
+                found.add(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
+    assert not found - INTERNAL_DEBTS, "\n".join(sorted(found - INTERNAL_DEBTS))
+    assert not INTERNAL_DEBTS - found, f"fixed: take these off INTERNAL_DEBTS: {sorted(INTERNAL_DEBTS - found)}"
+
+
+def _package(module: str) -> str:
+    path = MODULES[module]
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def test_no_module_imports_another_packages_private_names() -> None:
+    """``from broker.service.runtime import _x`` from outside broker.service is a reach into its insides: a
+    package's ``_private`` names (and modules) are its own."""
+    found = []
+    for module, path in MODULES.items():
+        mine = _package(module)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                target = _resolve(node.module)
+                if target is None:
+                    continue
+                names = [a.name for a in node.names]
+                private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+                private += [p for p in node.module.split(".") if p.startswith("_") and not p.startswith("__")]
+                owner = _package(target)
+                if private and not (mine == owner or mine.startswith(owner + ".")):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {private} from {node.module}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    parts = a.name.split(".")
+                    if any(p.startswith("_") and not p.startswith("__") for p in parts):
+                        target = _resolve(a.name)
+                        if target is not None and not mine.startswith(_package(target)):
+                            found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {a.name}")
+    assert not found, "\n".join(found)

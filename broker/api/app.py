@@ -58,13 +58,11 @@ def create_app(svc: Lockstep, *, start_loops: bool = True, close_service: bool =
 
 async def _hooks(app: web.Application) -> AsyncIterator[None]:
     """Feed the metrics from the service's hooks; put back whatever hooks were there before."""
-    svc, metrics = app[SERVICE], app[METRICS]
-    old_quote, old_refresh, old_placed = svc.quote_observer, svc.market.on_refresh, svc.placement_observer
-    svc.quote_observer = metrics.quote_hook(old_quote)
-    svc.market.on_refresh = metrics.refresh_hook(old_refresh)
-    svc.placement_observer = metrics.placement_hook(old_placed)
+    metrics = app[METRICS]
+    undo = app[SERVICE].observe(quotes=metrics.quote_hook(None), refreshes=metrics.refresh_hook(None),
+                                placements=metrics.placement_hook(None))
     yield
-    svc.quote_observer, svc.market.on_refresh, svc.placement_observer = old_quote, old_refresh, old_placed
+    undo()
 
 
 def _service(start_loops: bool, close_service: bool) -> Callable[[web.Application], AsyncIterator[None]]:

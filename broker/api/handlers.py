@@ -240,7 +240,7 @@ async def price_series(request: web.Request) -> web.Response:
 async def providers(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
     await svc.ensure_offers()
-    return render(ProvidersReport(providers=svc.providers_health(), refreshed_at=svc.market.refreshed_at))
+    return render(ProvidersReport(providers=svc.providers_health(), refreshed_at=svc.offers_refreshed_at))
 
 
 @admin_only
@@ -339,9 +339,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
-    store_ok = await svc.store_ok()
-    health = {name: h.ok for name, h in svc.providers_health().items()}
-    markets_ok = any(health.values()) or svc.market.has_snapshot
+    store_ok, markets_ok, health = await svc.ready()
     ready = store_ok and markets_ok
     reason = "" if ready else ("store unreachable" if not store_ok else "no provider healthy and no catalog")
     return render(Health(status="ready" if ready else "not ready", store=store_ok, providers=health,

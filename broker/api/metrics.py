@@ -2,7 +2,7 @@
 
 Counters and histograms are fed by hooks as things happen (HTTP requests,
 quotes, provider refreshes, placement attempts); job, allocation, spend, budget
-and price-spike figures are read from the store when /metrics is scraped, so
+and price-spike figures are read from the store (``Lockstep.metrics_figures``) when /metrics is scraped, so
 every replica reports the same truth; provider health and the last
 reconciliation are this replica's own view.
 
@@ -13,13 +13,13 @@ tests/deploy/test_observability.py checks each of them against a real scrape.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from broker.market import CIRCUIT_CODES
-from broker.models import AllocationState, JobState, as_utc, utcnow
+from broker.models import JobState, as_utc
+from broker.service.operations import CIRCUIT_CODES
 
 if TYPE_CHECKING:
     from broker.service import Lockstep
@@ -27,8 +27,6 @@ if TYPE_CHECKING:
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 RefreshHook = Callable[[str, bool, float], None]  # Marketplace.on_refresh: (provider, ok, seconds)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-WAITING_STATES = (JobState.pending, JobState.placing, JobState.provisioning)  # where a job can get stuck
-BILLING = (AllocationState.pending, AllocationState.running)  # allocations that cost money now
 
 
 class ApiMetrics:
@@ -124,31 +122,8 @@ class ApiMetrics:
 
     # ------------------------------------------------------------------ scrape
     def snapshot(self, svc: Lockstep, now: datetime | None = None) -> dict[str, Any]:
-        """What a scrape reports, read from the store and the service (blocking: run it off the loop)."""
-        now = as_utc(now or utcnow())
-        store = svc.store
-        out: dict[str, Any] = dict(store.counts())
-        waiting = store.jobs_in_states(WAITING_STATES)
-        out["oldest"] = {s.value: max([(now - as_utc(j.updated_at)).total_seconds() for j in waiting
-                                       if j.state == s] or [0.0]) for s in WAITING_STATES}
-        month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-        budgets = {t.name: t.monthly_budget_usd for t in store.list_tenants()}
-        tenant_of = {j.id: j.tenant for j in store.jobs_in_states([JobState.provisioning, JobState.running])}
-        burn = dict.fromkeys(budgets, 0.0)
-        for a in store.allocations(states=list(BILLING)):
-            tenant = tenant_of.get(a.job_id) or store.get_job(a.job_id).tenant
-            burn[tenant] = burn.get(tenant, 0.0) + a.usd_per_hour
-        out["tenants"] = [(t, store.tenant_spend(t, month, now), b, budgets.get(t)) for t, b in burn.items()]
-        spikes: dict[tuple[str, str], list[float]] = {}
-        for alert in store.alerts(open_only=True, since=now - timedelta(days=30)):
-            series = alert.get("series") or {}
-            ratio = alert["peak"] / alert["baseline"] if alert.get("baseline") else 0.0
-            spikes.setdefault((str(series.get("provider", "")), str(series.get("gpu", ""))), []).append(ratio)
-        out["spikes"] = spikes
-        out["providers"] = svc.providers_health()
-        broker = getattr(svc, "_broker", None)  # only a started broker has reconciled: never make one here
-        out["reconciled"] = getattr(broker, "reconciled", None)
-        return out
+        """What a scrape reports: the service's figures (blocking: run it off the loop)."""
+        return svc.metrics_figures(now)
 
     def render(self, counts: dict[str, Any] | None) -> bytes:
         if counts is not None:

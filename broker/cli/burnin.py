@@ -1,4 +1,5 @@
-"""`lockstep burnin NODE`, `lockstep bench record FILE`, `lockstep bench list`: thin shells over broker.burnin.
+"""`lockstep burnin NODE`, `lockstep bench record FILE`, `lockstep bench list`: thin shells over the service's
+nodes operations (broker/service/nodes.py, over broker.burnin).
 
 Bad input exits with code 2 and one readable line on stderr; a provider failure exits with 1.
 """
@@ -15,7 +16,6 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.table import Table
 
-from broker import burnin
 from broker.cli.app import get_ctx
 from broker.cli.backend import local_only
 from broker.cli.bench import read_text
@@ -24,7 +24,8 @@ from broker.config import Settings
 from broker.errors import EXIT_BAD_INPUT, LockstepError, SpecError
 from broker.models import Benchmark, Fabric
 from broker.service import Lockstep
-from providers.registry import configured
+
+configured = Lockstep.market_configured
 
 T = TypeVar("T")
 
@@ -125,7 +126,7 @@ def burnin_command(
         _fail(f"--provider {provider}: not configured (set LOCKSTEP_SLURM_URL and LOCKSTEP_SLURM_TOKEN)")
     with working(f"burning in {provider}/{node}: the probe runs there as a batch job (up to {timeout:g} s)"):
         b = _run(settings, provider,
-                 lambda svc: burnin.burn_in(svc.burnin, provider, node, quick=not full, timeout_s=timeout))
+                 lambda svc: svc.burn_in_node(provider, node, quick=not full, timeout_s=timeout))
     if json_out:
         typer.echo(json.dumps(_doc(b), indent=2))
         return
@@ -149,11 +150,11 @@ def record_command(
     fab = _fabric(fabric)
     text = read_text(file)
     try:
-        bench = burnin.benchmark_from_text(text, provider, target, nccl=nccl)
+        bench = Lockstep.benchmark_from_text(text, provider, target, nccl=nccl)
     except SpecError as exc:
         _fail(f"{file}: {exc.reason}")
     settings = get_ctx(ctx).settings
-    b = _run(settings, provider, lambda svc: burnin.record_benchmark(svc.burnin, bench, fabric=fab))
+    b = _run(settings, provider, lambda svc: svc.record_benchmark(bench, fabric=fab))
     if json_out:
         typer.echo(json.dumps(_doc(b), indent=2))
         return
@@ -172,7 +173,7 @@ def list_command(
     settings = get_ctx(ctx).settings
     benches, unhealthy = _run(
         settings, None,
-        lambda svc: burnin.list_benchmarks(svc.burnin, provider=provider, target=target, latest_only=not history),
+        lambda svc: svc.list_benchmarks(provider=provider, target=target, latest_only=not history),
     )
     if json_out:
         typer.echo(json.dumps({
@@ -195,7 +196,7 @@ def resume_command(
     """Put a node back: healthy in the store, resumed at its provider (after a repair and a new burn-in)."""
     local_only(get_ctx(ctx), "bench resume")
     settings = get_ctx(ctx).settings
-    _run(settings, provider, lambda svc: burnin.resume_node(svc.burnin, provider, node))
+    _run(settings, provider, lambda svc: svc.resume_node(provider, node))
     if json_out:
         typer.echo(json.dumps({"provider": provider, "node": node, "healthy": True}, indent=2))
         return

@@ -1,4 +1,5 @@
-"""`lockstep simulate deadline|cluster` and `lockstep advise`: thin shells over broker.simulate and broker.advise.
+"""`lockstep simulate deadline|cluster` and `lockstep advise`: thin shells over the service's planning operations
+(broker/service/planning.py, over broker.simulate and broker.advise).
 
 Bad input exits with code 2 and one readable line naming the option (SpecError, raised by the
 simulators, is turned into that line by broker.cli.main).
@@ -7,23 +8,24 @@ simulators, is turned into that line by broker.cli.main).
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.table import Table
 
-from broker.advise import Advice, advise, catalog_prices, usage_from_history, usage_from_pods
 from broker.cli.app import get_ctx
 from broker.cli.backend import local_only
 from broker.cli.render import console, emit
 from broker.config import Settings
 from broker.errors import SpecError
-from broker.models import utcnow
-from broker.simulate.cluster import ClusterConfig, run_cluster
-from broker.simulate.deadline import DeadlineJob, run_deadline
-from broker.simulate.traces import load_pods, load_spot_trace
+from broker.service import Lockstep
+
+if TYPE_CHECKING:
+    from broker.service.planning import Advice
+
+T = TypeVar("T")
 
 app = typer.Typer(help="Replay policies over traces: deadline jobs on spot, cluster bursting.", no_args_is_help=True)
 
@@ -34,6 +36,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 @app.command("deadline")
 def deadline(
+    ctx: typer.Context,
     trace: Annotated[Path, typer.Option("--trace", help="Spot availability trace (JSON: metadata.gap_seconds, data).")],
     job_hours: Annotated[float, typer.Option("--job-hours", help="Compute the job needs, hours.")],
     deadline_hours: Annotated[float, typer.Option("--deadline-hours", help="Deadline after submission, hours.")],
@@ -45,9 +48,22 @@ def deadline(
     json_out: JsonOpt = False,
 ) -> None:
     """One deadline job on spot and on-demand over a trace (the setting of "Can't Be Late", NSDI'24)."""
-    result = run_deadline(load_spot_trace(trace), DeadlineJob(job_hours, deadline_hours, changeover_hours,
-                                                              spot_price, ondemand_price), policy, start_hour)
-    emit(result.as_dict(), json_out, _deadline_table)
+    result = _with_service(get_ctx(ctx).settings, lambda svc: svc.simulate_deadline(
+        trace, job_hours=job_hours, deadline_hours=deadline_hours, changeover_hours=changeover_hours,
+        spot_price=spot_price, ondemand_price=ondemand_price, policy=policy, start_hour=start_hour))
+    emit(result, json_out, _deadline_table)
+
+
+def _with_service(settings: Settings, fn: Callable[[Lockstep], Awaitable[T]]) -> T:
+    """``fn`` over a service without providers (planning reads traces, the catalog and the store only)."""
+    async def go() -> T:
+        svc = Lockstep(settings, providers={})
+        try:
+            return await fn(svc)
+        finally:
+            await svc.aclose()
+
+    return asyncio.run(go())
 
 
 def _deadline_table(d: dict[str, Any]) -> None:
@@ -74,19 +90,9 @@ def cluster(
     trace_path = spot_trace or DEFAULT_SPOT_TRACE
     if spot_trace is None and not trace_path.is_file():
         raise SpecError("--spot-trace", f"give a spot availability trace (the default {trace_path} is absent)")
-    cfg = ClusterConfig(onprem_gpus=onprem_gpus, gpus_per_node=gpus_per_node, gpu=_gpu(gpu),
-                        max_queue_wait_hours=settings.broker.max_queue_wait_hours, owned=settings.slurm.owned)
-    cfg.validate()
-    result = run_cluster(load_pods(pods), cfg, load_spot_trace(trace_path, "--spot-trace"), policy)
-    emit(result.as_dict(), json_out, _cluster_table)
-
-
-def _gpu(name: str) -> str:
-    from broker.gpus import accepted_models
-
-    if not accepted_models(name):
-        raise SpecError("--gpu", f"unknown GPU model {name!r}")
-    return name
+    result = _with_service(settings, lambda svc: svc.simulate_cluster(
+        pods, trace_path, onprem_gpus=onprem_gpus, gpus_per_node=gpus_per_node, gpu=gpu, policy=policy))
+    emit(result, json_out, _cluster_table)
 
 
 def _cluster_table(d: dict[str, Any]) -> None:
@@ -118,37 +124,9 @@ def advise_command(
         raise SpecError("--gpus-per-node", f"must be at least 1, not {gpus_per_node}")
     if from_history:
         local_only(get_ctx(ctx), "advise --from-history")
-    settings = get_ctx(ctx).settings
-    usage = usage_from_pods(load_pods(pods)) if pods is not None else _history(settings, since_days)
-    result = advise(usage, catalog_prices(_gpu(gpu), gpus_per_node), settings.slurm.owned, gpus_per_node)
+    result = _with_service(get_ctx(ctx).settings, lambda svc: svc.advise(
+        pods=pods, since_days=since_days, gpu=gpu, gpus_per_node=gpus_per_node))
     emit(result.as_dict(), json_out, lambda _: _advice_table(result))
-
-
-def _history(settings: Settings, since_days: float) -> Any:
-    if not since_days > 0:
-        raise SpecError("--since-days", f"must be positive, not {since_days:g}")
-    from broker.models import JobState
-    from broker.service import Lockstep
-
-    async def read() -> Any:
-        svc = Lockstep(settings, providers={})
-        try:
-            now = utcnow()
-            since = now - timedelta(days=since_days)
-            rows = await svc.db(svc.store.job_usage, since, now)
-            allocs = await svc.db(svc.store.allocations)
-            interruptible: set[str] = set()
-            cursor = None
-            while True:
-                jobs, cursor = await svc.list_jobs(limit=1000, cursor=cursor)
-                interruptible |= {j.id for j in jobs if j.spec.interruptible and j.state is not JobState.cancelled}
-                if not cursor:
-                    break
-            return usage_from_history(rows, allocs, interruptible, now)
-        finally:
-            await svc.aclose()
-
-    return asyncio.run(read())
 
 
 def _advice_table(a: Advice) -> None:

@@ -38,13 +38,14 @@ from broker.service.logs import LogsService
 from broker.service.nodes import NodesService
 from broker.service.offers import OffersService
 from broker.service.operations import OperationsService
+from broker.service.planning import PlanningService
 from broker.service.prices import PricesService
 from broker.service.runtime import Runtime, new_job_id
 from broker.service.tenants import TenantsService
 
 
 class Lockstep(OffersService, JobsService, LogsService, NodesService, PricesService, TenantsService,
-               EventsService, OperationsService):
+               EventsService, PlanningService, OperationsService):
     """Every operation of the service over one store and one market; see the module doc for the map."""
 
 

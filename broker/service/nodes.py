@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from broker.config import Settings
 from broker.errors import NotFoundError, SpecError
-from broker.models import Allocation, Benchmark, Job
+from broker.models import Allocation, Benchmark, Fabric, Job
 from broker.service.runtime import Runtime
 from providers.capabilities import DrainsNodes
 
@@ -49,3 +50,37 @@ class NodesService(Runtime):
         from broker.burnin import BurnIn
 
         return BurnIn(self.settings, self.store, self.market.providers, self.drain_node, self.resume_node)
+
+    # ------------------------------------------------------------------ burn-in and benchmarks (CLI: burnin, bench)
+    @staticmethod
+    def market_configured(settings: Settings, name: str) -> bool:
+        """Is market ``name`` switched on in ``settings``? (Before a service is built for it.)"""
+        from providers.registry import configured
+
+        return configured(settings, name)
+
+    async def burn_in_node(self, provider: str, node: str, *, quick: bool = True, timeout_s: float = 300) -> Benchmark:
+        """Run the probe on ``node`` as a job pinned to it, record the result, drain the node if unhealthy."""
+        from broker.burnin import burn_in
+
+        return await burn_in(self.burnin, provider, node, quick=quick, timeout_s=timeout_s)
+
+    @staticmethod
+    def benchmark_from_text(text: str, provider: str, target: str, *, nccl: bool = False) -> Benchmark:
+        """A probe JSON document (or nccl-tests output) as a Benchmark; SpecError when it is neither."""
+        from broker.burnin import benchmark_from_text
+
+        return benchmark_from_text(text, provider, target, nccl=nccl)
+
+    async def record_benchmark(self, bench: Benchmark, *, fabric: Fabric | None = None) -> Benchmark:
+        """Store a benchmark judged by the health gates; an unhealthy node leaves the pool (and is drained)."""
+        from broker.burnin import record_benchmark
+
+        return await record_benchmark(self.burnin, bench, fabric=fabric)
+
+    async def list_benchmarks(self, *, provider: str | None = None, target: str | None = None,
+                              latest_only: bool = True) -> tuple[list[Benchmark], dict[tuple[str, str], str]]:
+        """Stored benchmarks and the nodes marked unhealthy, (provider, node) → reason."""
+        from broker.burnin import list_benchmarks
+
+        return await list_benchmarks(self.burnin, provider=provider, target=target, latest_only=latest_only)

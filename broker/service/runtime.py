@@ -136,11 +136,13 @@ class Runtime:
         self._providers = providers
         self._market: Marketplace | None = None
         self._store = store
-        self.quote_observer: Callable[[float], None] | None = None  # metrics hook
+        # Metrics hooks (``observe``): (seconds); (provider, ok, seconds); (provider, outcome).
+        self.quote_observer: Callable[[float], None] | None = None
+        self.refresh_observer: Callable[[str, bool, float], None] | None = None
         self.job_submitted = asyncio.Event()  # wakes the placement loop early
         self.submitted_ids: set[str] = set()  # ...and tells it which jobs are new (BrokerLoops.hints)
         self._submissions = GroupCommit(self)
-        self.placement_observer: Callable[[str, str], None] | None = None  # metrics hook: (provider, outcome)
+        self.placement_observer: Callable[[str, str], None] | None = None
         self._broker: BrokerLoops | None = None
         self._preemption_rates: dict[tuple[str, str, str], float] = {}
         self._background: list[asyncio.Task[None]] = []
@@ -177,9 +179,47 @@ class Runtime:
             b = self.settings.broker
             self._market = Marketplace(
                 self._providers, timeout_s=b.provider_timeout_s, clock=self.clock, after_refresh=self._after_refresh,
+                on_refresh=self._refreshed,
                 circuit=CircuitPolicy(b.circuit_failures, b.circuit_backoff_s, b.circuit_backoff_max_s),
                 credentials=lambda name: credential_files(getattr(self.settings, name, None)))
         return self._market
+
+    def observe(self, *, quotes: Callable[[float], None] | None = None,
+                refreshes: Callable[[str, bool, float], None] | None = None,
+                placements: Callable[[str, str], None] | None = None) -> Callable[[], None]:
+        """Call these as quotes are ranked, providers refreshed, launches tried (the API's metrics); each is
+        chained before whatever observed already. Returns what puts the earlier observers back."""
+        old = self.quote_observer, self.refresh_observer, self.placement_observer
+
+        def chain(new: Callable[..., None] | None, prev: Callable[..., None] | None) -> Callable[..., None] | None:
+            if new is None or prev is None:
+                return new or prev
+
+            def both(*args: object) -> None:
+                new(*args)
+                prev(*args)
+            return both
+
+        self.quote_observer = chain(quotes, old[0])
+        self.refresh_observer = chain(refreshes, old[1])
+        self.placement_observer = chain(placements, old[2])
+
+        def undo() -> None:
+            self.quote_observer, self.refresh_observer, self.placement_observer = old
+        return undo
+
+    def _refreshed(self, provider: str, ok: bool, seconds: float) -> None:
+        if self.refresh_observer is not None:
+            self.refresh_observer(provider, ok, seconds)
+
+    def _placed(self, provider: str, outcome: str) -> None:
+        if self.placement_observer is not None:
+            self.placement_observer(provider, outcome)
+
+    @property
+    def offers_refreshed_at(self) -> datetime | None:
+        """When the offer book was last refreshed (None: never, in this process)."""
+        return self._market.refreshed_at if self._market is not None else None
 
     async def open_store(self) -> None:
         """Open (and migrate) the store now, off the event loop, rather than on its first use."""
@@ -227,7 +267,7 @@ class Runtime:
 
             self._broker = BrokerLoops(
                 self.settings, self.store, self.market, clock=self.clock, preemption_rates=self.preemption_rates,
-                on_placed=self.placement_observer, wake=self.job_submitted, burn_in=self.burn_in_results,
+                on_placed=self._placed, wake=self.job_submitted, burn_in=self.burn_in_results,
                 hints=self.submitted_ids)
         return self._broker
 

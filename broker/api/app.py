@@ -23,6 +23,7 @@ from broker.api.metrics import ApiMetrics
 from broker.api.middlewares import auth_middleware, body_middleware, error_middleware
 from broker.api.openapi import build_openapi
 from broker.config import Settings
+from broker.dashboard import add_dashboard
 from broker.service import Lockstep
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ def create_app(svc: Lockstep, *, start_loops: bool = True, close_service: bool =
         app.router.add_route(r.method, r.path, r.handler, name=r.operation_id)
     # The docs page's script and stylesheet, from the installed Swagger UI bundle (not in the document).
     app.router.add_get(STATIC_PREFIX + "/{name}", static_file, name="docs_static")
+    add_dashboard(app)  # /ui: pages for people, with their own session (broker/dashboard)
     app.cleanup_ctx.append(_hooks)
     app.cleanup_ctx.append(_service(start_loops, close_service))
     return app

@@ -28,6 +28,7 @@ from broker.errors import LockstepError
 log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset(r.path for r in ROUTES if r.public)  # the route table says which
+DASHBOARD = "/ui"
 DOC_PATHS = frozenset(r.path for r in ROUTES if r.docs)  # public too, unless api.public_docs is false
 CLIENT_CLOSED = 499  # the status a request is counted with when its client hung up before it was answered
 
@@ -100,8 +101,8 @@ _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="lockstep"'}
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.path in PUBLIC_PATHS:
-        return await handler(request)
+    if request.path in PUBLIC_PATHS or request.path == DASHBOARD or request.path.startswith(DASHBOARD + "/"):
+        return await handler(request)  # the dashboard checks its own session cookie (broker/dashboard/pages.py)
     if (request.path in DOC_PATHS or request.path.startswith(STATIC_PREFIX + "/")) \
             and request.app[SERVICE].settings.api.public_docs:
         return await handler(request)

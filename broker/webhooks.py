@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
-from tenacity import RetryCallState, Retrying, wait_exponential_jitter
+from tenacity import RetryCallState, Retrying, wait_exponential, wait_random
 
 from broker.config import EventsConfig
 from broker.errors import SpecError
@@ -103,8 +103,8 @@ class Backoff:
     """When the next attempt of a delivery is due: tenacity's exponential backoff with jitter."""
 
     def __init__(self, cfg: EventsConfig) -> None:
-        self._wait = wait_exponential_jitter(initial=cfg.webhook_backoff_initial_s, max=cfg.webhook_backoff_max_s,
-                                             jitter=cfg.webhook_backoff_initial_s)
+        self._wait = (wait_exponential(multiplier=cfg.webhook_backoff_initial_s, max=cfg.webhook_backoff_max_s)
+                      + wait_random(0, cfg.webhook_backoff_initial_s))
         self._retrying = Retrying()
 
     def after(self, attempts: int) -> float:

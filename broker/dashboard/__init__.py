@@ -11,12 +11,12 @@ from broker.dashboard.pages import PAGES, PREFIX
 
 def add_dashboard(app: web.Application) -> None:
     """Serve the dashboard's pages under ``/ui`` (they check their own session cookie, not a bearer header)."""
-    app.router.add_get(PREFIX, lambda _request: _redirect())
+    app.router.add_get(PREFIX, _redirect)
     for method, path, handler in PAGES:
         app.router.add_route(method, PREFIX + path, handler, name="ui_" + handler.__name__ + method.lower())
 
 
-async def _redirect() -> web.StreamResponse:
+async def _redirect(_request: web.Request) -> web.StreamResponse:
     raise web.HTTPFound(PREFIX + "/")
 
 

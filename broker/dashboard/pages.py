@@ -44,6 +44,13 @@ def _age(at: datetime | None) -> str:
     return f"{s / 3600:.1f} h" if s < 172800 else f"{s / 86400:.0f} d"
 
 
+def _usd(x: float | None) -> str:
+    """Dollars: cents from a dollar up, four decimals below (a minute on a small GPU costs less than a cent)."""
+    if x is None:
+        return ""
+    return f"{x:,.2f}" if abs(x) >= 1 or x == 0 else f"{x:.4f}"
+
+
 def _where(job: Job) -> str:
     p = job.placement
     if p is None:
@@ -52,7 +59,8 @@ def _where(job: Job) -> str:
 
 
 def _page(template: str, who: TokenInfo | None, status: int = 200, **ctx: Any) -> web.Response:
-    html = ENV.get_template(template).render(prefix=PREFIX, who=who, when=_when, age=_age, where=_where, **ctx)
+    html = ENV.get_template(template).render(prefix=PREFIX, who=who, when=_when, age=_age, where=_where, usd=_usd,
+                                               **ctx)
     return web.Response(text=html, status=status, content_type="text/html",
                         headers={"Cache-Control": "no-store", "X-Frame-Options": "DENY",
                                  "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; "
@@ -101,13 +109,13 @@ async def login(request: web.Request) -> web.StreamResponse:
     resp.set_cookie(COOKIE, token, max_age=SESSION_DAYS * 86400, path=PREFIX, httponly=True, samesite="Strict",
                     secure=request.secure)
     log.info("dashboard: tenant %s logged in (token %s)", info.tenant, info.id)
-    return resp
+    raise resp
 
 
 async def logout(request: web.Request) -> web.StreamResponse:
     resp = web.HTTPFound(f"{PREFIX}/login")
     resp.del_cookie(COOKIE, path=PREFIX)
-    return resp
+    raise resp
 
 
 # --------------------------------------------------------------------------- pages

@@ -27,6 +27,8 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 pre.log { background: #0d1117; color: #e6edf3; padding: .8rem; max-height: 28rem; overflow: auto; font-size: 13px; }
 .muted { color: var(--muted); } .bad { color: var(--bad); } .ok { color: var(--ok); }
 meter { width: 12rem; }
+dl { display: grid; grid-template-columns: max-content 1fr; gap: .25rem 1rem; }
+dt { font-weight: 600; } dd { margin: 0; }
 form.login { max-width: 28rem; display: grid; gap: .6rem; }
 input[type=password], input[type=text] { padding: .4rem; font: inherit; width: 100%; }
 button { padding: .4rem .9rem; font: inherit; cursor: pointer; }
@@ -101,7 +103,7 @@ JOBS = """{% extends "base.html" %}{% block body %}
 {% for j in jobs %}<tr data-job="{{ j.id }}"><td><a href="{{ prefix }}/jobs/{{ j.id }}">{{ j.id }}</a></td>
 <td>{{ j.spec.name }}</td>{% if not scope %}<td>{{ j.tenant }}</td>{% endif %}
 <td class="state state-{{ j.state.value }}">{{ j.state.value }}</td><td>{{ where(j) }}</td>
-<td class="num">{{ "%.2f"|format(j.spent_usd + j.accruing_usd) }}</td><td>{{ j.reason|truncate(90) }}</td>
+<td class="num">{{ usd(j.spent_usd + j.accruing_usd) }}</td><td>{{ j.reason|truncate(90) }}</td>
 <td>{{ when(j.updated_at) }}</td></tr>
 {% else %}<tr><td colspan="8">No jobs yet: <code>lockstep submit job.yaml</code>.</td></tr>{% endfor %}
 </tbody></table>{% endblock %}
@@ -110,7 +112,7 @@ JOBS = """{% extends "base.html" %}{% block body %}
 JOB = """{% extends "base.html" %}{% block body %}
 <dl><dt>State</dt><dd class="state state-{{ job.state.value }}">{{ job.state.value }} — {{ job.reason }}</dd>
 <dt>Tenant</dt><dd>{{ job.tenant }}</dd><dt>Where</dt><dd>{{ where(job) }}</dd>
-<dt>Spend</dt><dd>${{ "%.2f"|format(job.spent_usd) }} booked, ${{ "%.2f"|format(job.accruing_usd) }} accruing</dd>
+<dt>Spend</dt><dd>${{ usd(job.spent_usd) }} booked, ${{ usd(job.accruing_usd) }} accruing</dd>
 <dt>Attempts / preemptions</dt><dd>{{ job.attempts }} / {{ job.preemptions }}</dd></dl>
 <h2 id="log-title">Live log</h2>
 <p class="muted">Status: <span id="log-status" role="status">connecting</span></p>
@@ -124,7 +126,7 @@ JOB = """{% extends "base.html" %}{% block body %}
 <th scope="col">Region</th><th scope="col" class="num">USD/h</th><th scope="col" class="num">Cost</th></tr></thead>
 <tbody>{% for a in allocations %}<tr><td>{{ a.provider }}</td><td>{{ a.state.value }}</td><td>{{ a.region }}</td>
 <td class="num">{{ "%.3f"|format(a.usd_per_hour) }}</td>
-<td class="num">{{ "%.2f"|format(a.cost_usd) if a.cost_usd is not none else "accruing" }}</td></tr>
+<td class="num">{{ usd(a.cost_usd) if a.cost_usd is not none else "accruing" }}</td></tr>
 {% else %}<tr><td colspan="5">None yet.</td></tr>{% endfor %}</tbody></table>
 <script src="{{ prefix }}/static/log.js"></script>{% endblock %}
 """
@@ -134,7 +136,7 @@ TENANTS = """{% extends "base.html" %}{% block body %}
 <thead><tr><th scope="col">Tenant</th><th scope="col" class="num">Spent (USD)</th><th scope="col" class="num">Budget
 </th><th scope="col">Used</th><th scope="col" class="num">GPU cap</th></tr></thead><tbody>
 {% for t in tenants %}<tr data-tenant="{{ t.name }}"><td>{{ t.name }}</td>
-<td class="num spend">{{ "%.2f"|format(t.month_to_date_usd) }}</td>
+<td class="num spend">{{ usd(t.month_to_date_usd) }}</td>
 <td class="num">{{ "%.2f"|format(t.monthly_budget_usd) if t.monthly_budget_usd is not none else "none" }}</td>
 <td>{% if t.monthly_budget_usd %}<meter min="0" max="{{ t.monthly_budget_usd }}" low="{{ t.monthly_budget_usd * 0.8 }}"
  high="{{ t.monthly_budget_usd * 0.99 }}" value="{{ t.month_to_date_usd }}"

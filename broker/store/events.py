@@ -87,6 +87,7 @@ class EventStore(Database):
         super().__init__(url)
         self._gaps: dict[tuple[str, int], float] = {}  # (source, first missing id) → when first seen
         self._gaps_lock = threading.Lock()
+        self.gap_settle_s = GAP_SETTLE_S
 
     def events_end(self) -> EventCursor:
         """The cursor past every event stored now (``since=now``)."""
@@ -139,9 +140,9 @@ class EventStore(Database):
             for i, r in enumerate(rows):
                 if r.id != expected:
                     seen = self._gaps.setdefault((source, expected), now)
-                    if now - seen < GAP_SETTLE_S:
+                    if now - seen < self.gap_settle_s:
                         return rows[:i]
                 expected = r.id + 1
             if len(self._gaps) > 10_000:  # settled gaps nobody will ask about again
-                self._gaps = {k: v for k, v in self._gaps.items() if now - v < GAP_SETTLE_S}
+                self._gaps = {k: v for k, v in self._gaps.items() if now - v < self.gap_settle_s}
         return rows

@@ -95,6 +95,10 @@ class WebhookStore(Database):
                       sa.or_(DELIVERIES.c.lease_until.is_(None), DELIVERIES.c.lease_until <= now))
                .order_by(DELIVERIES.c.next_attempt_at, DELIVERIES.c.created_at, DELIVERIES.c.cursor)
                .limit(limit))
+        # Most rounds find nothing due: a read says so without taking SQLite's write lock (submissions wait on it).
+        with self._tx(write=False) as conn:
+            if conn.execute(due.limit(1)).first() is None:
+                return []
         with self._tx() as conn:
             ids = [r.id for r in conn.execute(due if self.is_sqlite else due.with_for_update(skip_locked=True))]
             if not ids:

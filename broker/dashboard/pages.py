@@ -193,7 +193,11 @@ async def offers(request: web.Request) -> web.Response:
         listed = await svc.offers(f, 200)
     except (LockstepError, ValueError):
         listed = []
-    return _page("offers.html", who, title="Offers", offers=listed, gpus=await svc.gpus(), gpu=gpu)
+    try:
+        summary = await svc.gpus([gpu] if gpu else None)
+    except (LockstepError, ValueError):
+        summary = []
+    return _page("offers.html", who, title="Offers", offers=listed, gpus=summary, gpu=gpu)
 
 
 async def prices(request: web.Request) -> web.Response:
@@ -220,7 +224,7 @@ def _chart(series: list[Any], w: int = 960, h: int = 360) -> dict[str, Any] | No
     rng = (hi - lo) or max(hi, 1.0) * 0.1
     x = lambda at: 50 + (w - 60) * (as_utc(at) - t0).total_seconds() / span  # noqa: E731
     y = lambda v: 10 + (h - 40) * (1 - (v - lo) / rng)  # noqa: E731
-    lines = [{"color": COLORS[i], "label": f"{s.provider} {s.market.value} {s.sku} {s.region or s.zone} "
+    lines = [{"color": COLORS[i], "label": f"{s.provider} {s.market.value} {s.sku} {s.zone or s.region} "
                                            f"(now {s.usd_per_hour[-1]:.2f} $/h)",
               "points": " ".join(f"{x(at):.1f},{y(v):.1f}" for at, v in zip(s.at, s.usd_per_hour, strict=True))}
              for i, s in enumerate(series)]

@@ -192,7 +192,7 @@ PROVIDERS = """{% extends "base.html" %}{% block body %}
 {% for name, h in providers.items() %}<tr><td>{{ name }}</td>
 <td class="{{ 'ok' if h.ok and not h.stale else 'bad' }}">{{ "ok" if h.ok else "failing" }}
 {%- if h.stale %}, stale{% endif %}
-</td><td class="num">{{ h.offers }}</td><td>{{ age(h.last_ok) if h.last_ok else "never" }}</td>
+</td><td class="num">{{ h.offers }}</td><td>{{ age(h.last_ok) ~ " ago" if h.last_ok else "never" }}</td>
 <td>{{ h.circuit.state.value }}{% if h.circuit.failures %} ({{ h.circuit.failures }} failures){% endif %}</td>
 <td>{{ (h.notes + ([h.last_error] if h.last_error else []))|join("; ") }}</td></tr>{% endfor %}
 </tbody></table>{% endblock %}

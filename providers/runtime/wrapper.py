@@ -101,7 +101,7 @@ def note(text: str) -> None:
     try:
         sys.stderr.write("lockstep-run: " + text + "\n")
         sys.stderr.flush()
-    except Exception:  # noqa: S110 - nowhere left to say it
+    except Exception:
         pass
 
 
@@ -694,6 +694,11 @@ class Heartbeat:
 # --------------------------------------------------------------------------- the command
 
 
+# Inside a container the image decides: bash (with pipefail) when it has one, else sh (dash has no pipefail).
+CONTAINER_SHELL = ["sh", "-c", 'if command -v bash >/dev/null 2>&1; then exec bash -o pipefail -c "$1"; '
+                               'else exec sh -c "$1"; fi', "lockstep-sh"]
+
+
 def command_argv(manifest: dict, env_names: List[str]) -> List[str]:
     """The command to exec: the job's command under ``bash -o pipefail -c`` where bash exists (``sh -c``
     elsewhere), in a container when asked.
@@ -704,9 +709,7 @@ def command_argv(manifest: dict, env_names: List[str]) -> List[str]:
     box = manifest.get("container") or {}
     runtime = box.get("runtime", "none")
     workdir = manifest["workdir"]
-    # Inside a container the image decides: bash when it has one, else sh (no pipefail in dash).
-    inner = ["sh", "-c", 'if command -v bash >/dev/null 2>&1; then exec bash -o pipefail -c "$1"; '
-                         'else exec sh -c "$1"; fi', "lockstep-sh", command]
+    inner = CONTAINER_SHELL + [command]
     if runtime == "docker":
         argv = ["docker", "run", "--rm", "--network", "host", "--ipc", "host", "--init",
                 "-v", "%s:%s" % (workdir, workdir), "-w", workdir]

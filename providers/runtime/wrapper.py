@@ -666,6 +666,7 @@ class Heartbeat:
         if self.status_dir:
             try:
                 FAULTS.check("heartbeat")
+                os.makedirs(self.status_dir, exist_ok=True)
                 _atomic_write(os.path.join(self.status_dir, "heartbeat-%d.json" % self.rank), body.encode())
             except Exception:
                 self.log.errors["heartbeat"] += 1
@@ -980,6 +981,15 @@ def _mark(environ: dict, what: str) -> None:
 
 
 def _max_rss_kb() -> int:
+    """The wrapper's peak memory: VmHWM (this program's own; getrusage's maxrss also counts the process it
+    was exec'd from), else getrusage."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except Exception:
+        pass
     try:
         import resource
 

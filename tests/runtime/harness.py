@@ -126,3 +126,58 @@ def wait_for_file(path: Path, limit_s: float = 30) -> str:
             return path.read_text()
         time.sleep(0.02)
     raise AssertionError(f"{path} never appeared")
+
+
+class Sink:
+    """A loopback HTTP server that keeps every PUT (path → bodies, in order) and serves ``GET /data.bin``."""
+
+    def __init__(self, data: bytes = b"") -> None:
+        import http.server
+
+        import threading
+
+        self.puts: dict[str, list[bytes]] = {}
+        self.order: list[str] = []  # every PUT's path, in the order they arrived
+        self.busy = 0  # log PUTs in progress now, and the most at once
+        self.most_busy = 0
+        self.lock = threading.Lock()
+        self.delay_s = 0.0
+        self.data = data
+        sink = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                is_log = "/log" in self.path
+                with sink.lock:
+                    sink.busy += is_log
+                    sink.most_busy = max(sink.most_busy, sink.busy)
+                    sink.order.append(self.path)
+                    sink.puts.setdefault(self.path, []).append(body)
+                time.sleep(sink.delay_s)
+                with sink.lock:
+                    sink.busy -= is_log
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self.path != "/data.bin":
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(sink.data)))
+                self.end_headers()
+                self.wfile.write(sink.data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -681,8 +681,9 @@ class Heartbeat:
 
     def _loop(self) -> None:
         while True:
-            # A main loop stuck for three beats: say nothing, so the broker notices.
-            if time.monotonic() - self.progress < 3 * self.every + 5:
+            # While the command runs the main loop ticks every 0.1 s: stuck for three beats, say nothing, so the
+            # broker notices. The steps before it (download, registry login) are bounded by their own timeouts.
+            if self.phase != "running" or time.monotonic() - self.progress < 3 * self.every + 5:
                 self.beat()
             if self.stop.wait(self.every):
                 return

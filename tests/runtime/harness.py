@@ -133,7 +133,6 @@ class Sink:
 
     def __init__(self, data: bytes = b"") -> None:
         import http.server
-
         import threading
 
         self.puts: dict[str, list[bytes]] = {}
@@ -146,7 +145,7 @@ class Sink:
         sink = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
+            def do_PUT(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 is_log = "/log" in self.path
                 with sink.lock:
@@ -161,7 +160,7 @@ class Sink:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 if self.path != "/data.bin":
                     self.send_error(404)
                     return

@@ -14,7 +14,6 @@ import io
 import json
 import tarfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings

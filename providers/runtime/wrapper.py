@@ -46,24 +46,33 @@ Written for Python 3.6: no ``from __future__ import annotations``, no walrus,
 no ``shlex.join``, no ``capture_output`` (tests/runtime/test_compat.py checks).
 """
 
-import base64
-import collections
-import datetime
-import errno
-import gzip
-import io
-import json
-import os
-import shlex
-import shutil
 import signal
-import socket
-import subprocess
-import sys
-import tarfile
-import threading
-import time
-from typing import Any, Callable, Dict, List, Optional
+
+# The first thing a node's wrapper does: note the stopping signals (a preemption can come while the rest of this
+# file is still being read); Job.install takes over and acts on what was noted. Not when the broker imports it.
+EARLY_SIGNALS = []  # type: list
+if __name__ == "__main__":
+    for _name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"):
+        if hasattr(signal, _name):
+            signal.signal(getattr(signal, _name), lambda signum, _frame: EARLY_SIGNALS.append(signum))
+
+import base64  # noqa: E402 - after the handlers, on purpose
+import collections  # noqa: E402
+import datetime  # noqa: E402
+import errno  # noqa: E402
+import gzip  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import shlex  # noqa: E402
+import shutil  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tarfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from typing import Any, Callable, Dict, List, Optional  # noqa: E402
 
 EXIT_MARKER = "LOCKSTEP-EXIT "
 BEAT_MARKER = "LOCKSTEP-BEAT "
@@ -1024,6 +1033,7 @@ class Job:
         for name in SIGNALS:
             if hasattr(signal, name):
                 signal.signal(getattr(signal, name), self.on_signal)
+        self.signals.extend(EARLY_SIGNALS)  # those that came while the wrapper was loading
 
 
 def main(argv: Optional[List[str]] = None, environ: Optional[dict] = None) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -312,3 +313,20 @@ def test_the_heartbeat_beats_while_the_command_runs(tmp_path: Path) -> None:
     assert json.loads(beat.read_text())["seq"] > first["seq"]
     proc.communicate(timeout=30)
     ended_well(node, 0, "exited")
+
+
+def test_as_pid_1_the_wrapper_reaps_orphans(tmp_path: Path) -> None:
+    """In a PID namespace of its own (Vast's containers), the wrapper is PID 1: orphans of the command come to
+    it and are reaped while the command runs, not left as zombies."""
+    unshare = shutil.which("unshare")
+    if os.geteuid() != 0 or not unshare:
+        pytest.skip("a PID namespace needs root and util-linux's unshare (as in CI)")
+    node = Node(tmp_path, "for i in $(seq 1 20); do (sleep 0.05 &); done; sleep 1; "
+                          "echo zombies=$(ps -e -o stat= | grep -c '^Z'); echo me=$PPID")
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(node.manifest))
+    proc = subprocess.run([unshare, "--pid", "--fork", "--mount-proc", sys.executable, str(wrapper.__file__),
+                           str(path)], capture_output=True, timeout=60, env=node.env())
+    assert proc.returncode == 0, proc.stderr
+    st = ended_well(node, 0, "exited")
+    assert "me=1" in st["last_lines"] and "zombies=0" in st["last_lines"], st["last_lines"]

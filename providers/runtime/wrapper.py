@@ -535,15 +535,18 @@ class Log:
                 if not chunk:
                     break
                 pending += chunk
+                start = 0
                 while True:
-                    cut = pending.find(b"\n")
-                    if cut < 0 and len(pending) < self.max_line:
-                        break
-                    if cut < 0 or cut >= self.max_line:  # a long line: cut it, the rest follows as lines of its own
-                        piece, pending = pending[:self.max_line], pending[self.max_line:]
+                    cut = pending.find(b"\n", start)
+                    if cut < 0 or cut - start >= self.max_line:
+                        if len(pending) - start < self.max_line:
+                            break
+                        # A long line: cut it, the rest follows as lines of their own.
+                        piece, start = pending[start:start + self.max_line], start + self.max_line
                     else:
-                        piece, pending = pending[:cut], pending[cut + 1:]
+                        piece, start = pending[start:cut], cut + 1
                     self.line(stream, piece.decode("utf-8", "replace"))
+                pending = pending[start:]
             if pending:
                 self.line(stream, pending.decode("utf-8", "replace"))
             try:

@@ -330,3 +330,23 @@ def test_as_pid_1_the_wrapper_reaps_orphans(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     st = ended_well(node, 0, "exited")
     assert "me=1" in st["last_lines"] and "zombies=0" in st["last_lines"], st["last_lines"]
+
+
+PEM = ("-----BEGIN PRIVATE KEY-----\n"
+       "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj\n"
+       "MzEfYyjiWA4R4/M2bS1GB4t7NXp98C3SC6dVMvDuictGeurT8jNbvJZHtCSuYEvu\n"
+       "NMoSfm76oqFvAp8Gy0iz5sxjZmSnXyCdPEovGhLa0VzMaQ8s+CLOyS56YyCFGeJZ\n"
+       "-----END PRIVATE KEY-----")
+
+
+def test_a_multi_line_secret_is_masked_line_by_line(tmp_path: Path) -> None:
+    """A PEM key printed whole, with CRLF endings, and one line of it alone: no line of its body gets out."""
+    node = Node(tmp_path, 'printf "%s\\n" "$KEY"; printf "%s\\n" "$KEY" | sed "s/$/\\r/"; '
+                          'printf "%s\\n" "$KEY" | sed -n 3p; exit 0', secrets={"KEY": PEM})
+    code, out, err = node.run()
+    assert code == 0
+    ended_well(node, 0, "exited")
+    body = PEM.splitlines()[1:-1]
+    for blob in (node.log_text(), out.decode(), err.decode(), (tmp_path / "status" / "status-0.json").read_text()):
+        assert not any(line in blob for line in body)
+    assert node.log_text().count(wrapper.MASK) >= 2 * len(PEM.splitlines()) + 1

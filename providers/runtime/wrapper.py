@@ -958,12 +958,14 @@ def shut_down(manifest: dict, say: Callable[[str], None]) -> bool:
         return True
     attempts = int(manifest.get("shutdown_attempts") or SHUTDOWN_ATTEMPTS)
     timeout = float(manifest.get("shutdown_timeout_s") or SHUTDOWN_TIMEOUT_S)
+    pause = float(manifest.get("shutdown_retry_s", 1.0))  # before try n+1: n times this, 5 s at most
     for attempt in range(1, attempts + 1):
         why = _run_quietly([str(a) for a in argv], timeout)
         if not why:
             return True
         say("shutdown (%s) failed, try %d of %d: %s" % (" ".join(argv), attempt, attempts, why))
-        time.sleep(min(5.0, float(attempt)))
+        if attempt < attempts:
+            time.sleep(min(5.0, pause * attempt))
     for fallback in manifest.get("shutdown_fallbacks") or []:
         why = _run_quietly([str(a) for a in fallback], timeout)
         if not why:

@@ -52,6 +52,7 @@ class Node:
             "shutdown": [str(bin_dir / "fake-shutdown")],
             "shutdown_fallbacks": [[str(bin_dir / "fake-poweroff")]],
             "shutdown_attempts": 2,
+            "shutdown_retry_s": 0.05,
             "exit_nonce": "n0nce",
             "heartbeat_s": 0.2,
         }

@@ -350,3 +350,23 @@ def test_a_multi_line_secret_is_masked_line_by_line(tmp_path: Path) -> None:
     for blob in (node.log_text(), out.decode(), err.decode(), (tmp_path / "status" / "status-0.json").read_text()):
         assert not any(line in blob for line in body)
     assert node.log_text().count(wrapper.MASK) >= 2 * len(PEM.splitlines()) + 1
+
+
+@pytest.fixture
+def black_hole() -> Iterator[str]:
+    """A loopback port that accepts connections and never answers (an object store black-holed by a firewall)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+
+
+def test_a_black_holed_sink_delays_the_shutdown_by_the_end_budget_only(tmp_path: Path, black_hole: str) -> None:
+    node = Node(tmp_path, "echo work; exit 0", end_upload_s=3)
+    node.manifest["logs"].update({"put_urls": {"0": black_hole + "/log"}, "status_put_urls": {"0": black_hole + "/st"},
+                                  "heartbeat_put_urls": {"0": black_hole + "/beat"}})
+    code, _, err = node.run(timeout=45)  # the budget (3 s) and a margin, not the 365 s of five 30 s tries
+    assert code == 0
+    ended_well(node, 0, "exited")  # the status reached the status directory; the upload gave up
+    assert b"status upload failed" in err

@@ -501,8 +501,9 @@ class Log:
             self.errors["line"] += 1
             note("a log line was lost (%s)" % type(exc).__name__)
 
-    def raw_stdout(self, text: str) -> None:
-        """A line on stdout only (the exit line, a heartbeat): bytes, so no encoding can refuse it."""
+    def raw_stdout(self, text: str) -> bool:
+        """A line on stdout only (the exit line, a heartbeat): bytes, so no encoding can refuse it. False when
+        stdout refused it."""
         data = (text + "\n").encode("utf-8", "replace")
         with self.lock:
             try:
@@ -513,9 +514,11 @@ class Log:
                 else:
                     sys.stdout.write(data.decode("ascii", "replace"))
                     sys.stdout.flush()
+                return True
             except Exception as exc:
                 self.errors["stdout"] += 1
                 note("stdout unusable (%s)" % type(exc).__name__)
+                return False
 
     def pump(self, pipe: Any, stream: str) -> threading.Thread:
         """Drain ``pipe`` to the end, whatever happens to the lines: the command never blocks on its output."""
@@ -1169,15 +1172,18 @@ def finish(manifest: dict, environ: dict, job: Job, log: Optional[Log], heartbea
             log.close(deadline)
         nonce = str(manifest.get("exit_nonce") or environ.get(NONCE_VAR) or "")
         line = EXIT_MARKER + (nonce + " " if nonce else "") + json.dumps(status, sort_keys=True)
+        printed = False
         if log is not None:
-            log.raw_stdout(line)
+            printed = log.raw_stdout(line)
         else:
             try:
                 sys.stdout.write(line + "\n")
                 sys.stdout.flush()
+                printed = True
             except Exception:
                 note("the exit line could not be written")
-        _mark(environ, "exit-line")
+        if printed:  # else the boot script prints one (Vast)
+            _mark(environ, "exit-line")
     except BaseException as exc:
         note("the end failed before the shutdown: %s: %s" % (type(exc).__name__, exc))
     finally:

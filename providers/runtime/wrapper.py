@@ -1165,9 +1165,9 @@ def finish(manifest: dict, environ: dict, job: Job, log: Optional[Log], heartbea
                   "started_at": started, "ended_at": log_time(), "last_lines": tail,
                   "wrapper": {"max_rss_kb": _max_rss_kb(), "signals": [int(s) for s in job.signals],
                               "errors": dict(log.errors) if log is not None else {}}}
-        say("command ended: exit code %d (%s)" % (code, reason))
-        if write_status(manifest, rank, status, deadline):
+        if write_status(manifest, rank, status, deadline):  # first: the broker ends the job on it
             _mark(environ, "status")
+        say("command ended: exit code %d (%s)" % (code, reason))
         if log is not None:
             log.close(deadline)
         nonce = str(manifest.get("exit_nonce") or environ.get(NONCE_VAR) or "")

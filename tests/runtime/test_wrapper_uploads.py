@@ -44,7 +44,9 @@ def test_the_log_goes_up_in_parts_each_full_part_once(tmp_path: Path, sink: Sink
     assert total <= len(log) + len(sink.order) * PART  # at most a part re-sent per PUT, never the whole log
     assert sink.most_busy == 1  # one uploader at a time
     status_at = sink.order.index("/status")
-    assert any(p.startswith("/log.") for p in sink.order[status_at + 1:])  # the status first, then the last part
+    # The status first, then the part with the log's last line (written once the status is out).
+    assert any(p.startswith("/log.") for p in sink.order[status_at + 1:])
+    assert b"command ended: exit code 0" in log.splitlines()[-1]
     assert rounds >= 2
 
 

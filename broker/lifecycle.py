@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from broker.errors import ConflictError, NotFoundError, ProviderError
+from broker.heartbeats import wrapper_silence
 from broker.models import (
     TERMINAL_STATES,
     Allocation,
@@ -365,6 +366,13 @@ class JobLifecycle:
                 return None
             await self.release(alloc, "max_duration exceeded", state=AllocationState.failed)
             return moved
+        if state is AllocationState.running:  # a wrapper that stopped beating: its machine would bill for ever
+            silent = await wrapper_silence(self.providers.get(alloc.provider), alloc, now)
+            if silent:
+                try:
+                    return await self.requeue_preempted(job, alloc, silent)
+                except ConflictError:
+                    return None
         if job.spec.burn_in and self.burn_in is not None and isinstance(
                 self.providers.get(alloc.provider), RunsBurnIn) and state in (
                 AllocationState.running, AllocationState.succeeded, AllocationState.failed):

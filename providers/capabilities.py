@@ -186,6 +186,15 @@ class HasJobLogs(Launches):
         """The node's log so far, in the wrapper's line format ('' when nothing has arrived yet)."""
 
 
+class HasHeartbeat(Launches):
+    """Reads the heartbeat each node's in-job wrapper writes while it runs (docs/runtime.md), so the lifecycle
+    can release a machine whose wrapper went silent (broker/heartbeats.py)."""
+
+    @abc.abstractmethod
+    async def heartbeat(self, alloc: Allocation, *, rank: int = 0) -> datetime | None:
+        """When node ``rank``'s wrapper last said it was alive (None: no beat has arrived)."""
+
+
 class AssemblesNodes(Launches):
     """Sells independent single machines that the broker may rent together for one multi-node job.
 

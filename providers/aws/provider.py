@@ -74,7 +74,7 @@ from providers.aws.requests import (
 )
 from providers.aws.runtime import RUNTIME_ATTR, RunFiles, launch_order, missing_runtime
 from providers.base import JOB_TAG, OWNER_TAG, LaunchRequest, OfferQuery
-from providers.capabilities import HasJobLogs, HasSpotPriceHistory
+from providers.capabilities import HasHeartbeat, HasJobLogs, HasSpotPriceHistory
 from providers.runtime.logs import job_exit
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def _tags(instance: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in instance.get("Tags") or []}
 
 
-class AwsProvider(HasJobLogs, HasSpotPriceHistory):
+class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory):
     """EC2 spot and on-demand capacity (see module docstring)."""
 
     name = "aws"
@@ -522,6 +522,12 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
         if self.runs is None:
             return ""
         return await self.runs.log(self.runs.location_of(alloc), rank)
+
+    async def heartbeat(self, alloc: Allocation, *, rank: int = 0) -> datetime | None:
+        """Node ``rank``'s last heartbeat in the run-time bucket (None without the run-time contract)."""
+        if self.runs is None:
+            return None
+        return await self.runs.heartbeat(self.runs.location_of(alloc), rank)
 
     async def release(self, alloc: Allocation) -> None:
         """Terminate the instances (idempotent) and delete the job's placement group."""

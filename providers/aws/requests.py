@@ -177,12 +177,16 @@ def run_instances_request(
 
 
 def boot_script(job_id: str, attempt: int, *, wrapper_url: str, manifest_url: str) -> str:
-    """The user data of a job with the run-time contract (docs/aws.md): fetch the wrapper and the manifest
-    through their presigned URLs, run the wrapper (which shuts the instance down when the command ends).
+    """The user data of a job with the run-time contract (docs/aws.md, docs/runtime.md): fetch the wrapper and
+    the manifest through their presigned URLs, run the wrapper (which shuts the instance down when the command
+    ends), and shut the instance down itself when the wrapper did not (it died, or its shutdown failed).
 
     It holds no secret: the manifest, which has the job's secret values, is read from an open descriptor
-    and never stays on disk. A boot that cannot fetch them shuts the instance down (its console output says
-    why): an idle instance must not keep billing. ``LOCKSTEP_DIR`` moves the working folder (tests).
+    and never stays on disk. A boot that cannot fetch them, or finds no python3 of 3.6 or later, shuts the
+    instance down (its console output says why): an idle instance must not keep billing. The wrapper is not
+    exec'd: this script waits for it, passing on the signals it gets, and reads the wrapper's end mark
+    (``LOCKSTEP_END_MARK``). The power-off is ``shutdown``, else ``poweroff -f``, else sysrq.
+    ``LOCKSTEP_DIR`` moves the working folder and ``LOCKSTEP_SYSRQ=0`` turns sysrq off (tests).
     """
     folder = "/var/lib/lockstep/" + re.sub(r"[^A-Za-z0-9._-]", "-", f"{job_id}-a{attempt}")  # safe in quotes
     return "\n".join([
@@ -191,17 +195,39 @@ def boot_script(job_id: str, attempt: int, *, wrapper_url: str, manifest_url: st
         "set -u",
         "umask 077",
         f'D="${{LOCKSTEP_DIR:-{folder}}}"',
-        'boot_failed() { echo "lockstep-boot: $*" >&2; shutdown -h now; exit 1; }',
+        "power_off() {",
+        '  shutdown -h now && return 0',
+        '  echo "lockstep-boot: shutdown failed; poweroff -f" >&2',
+        '  poweroff -f && return 0',
+        '  if [ "${LOCKSTEP_SYSRQ:-1}" = 1 ]; then',
+        '    echo "lockstep-boot: poweroff failed; sysrq" >&2',
+        '    echo 1 > /proc/sys/kernel/sysrq; echo o > /proc/sysrq-trigger',
+        '  fi',
+        '}',
+        'boot_failed() { echo "lockstep-boot: $*" >&2; power_off; exit 1; }',
         'fetch() { curl -fsS --retry 10 --retry-delay 3 --retry-connrefused --connect-timeout 10 '
         '--max-time 300 -o "$1" "$2"; }',
         'mkdir -p "$D" && cd "$D" || boot_failed "cannot create $D"',
         'command -v python3 >/dev/null || boot_failed "python3 is not on the image"',
+        "python3 -c 'import sys; sys.exit(sys.version_info < (3, 6))' || "
+        'boot_failed "python3 is older than 3.6 ($(python3 -V 2>&1)); the wrapper needs 3.6 or later"',
         f"fetch wrapper.py {shlex.quote(wrapper_url)} || boot_failed \"cannot fetch the wrapper\"",
         f"fetch manifest.json {shlex.quote(manifest_url)} || boot_failed \"cannot fetch the manifest\"",
         "# The manifest holds the job's secrets: read from an open descriptor, no copy left on disk.",
         'exec 3<manifest.json',
         'rm -f manifest.json',
-        'TMPDIR="$D" exec python3 wrapper.py - <&3 3<&-',
+        'M="$D/end-mark"; rm -f "$M"',
+        'TMPDIR="$D" LOCKSTEP_END_MARK="$M" python3 wrapper.py - <&3 3<&- &',
+        'pid=$!',
+        'exec 3<&-',
+        '# wait returns early when a trapped signal comes: pass it on, wait again until the wrapper is gone.',
+        'for s in TERM INT HUP USR1 USR2; do trap "kill -$s $pid 2>/dev/null" $s; done',
+        'while :; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || break; done',
+        'if ! grep -qx shutdown "$M" 2>/dev/null; then',
+        '  echo "lockstep-boot: the wrapper ended (exit $rc) without shutting the machine down" >&2',
+        '  power_off',
+        'fi',
+        'exit "$rc"',
     ]) + "\n"
 
 

@@ -11,6 +11,9 @@ through presigned URLs (one operation on one object, for a limited time)::
         a<attempt>/peers.json          instance ids and private IPs by launch   broker PUT after RunInstances,
                                        index (jobs of more than one node)        instance GET (rendezvous)
         a<attempt>/log-<rank>.txt      each node's log, shipped while it runs   instance PUT, broker GET
+                                       in parts of LOG_PART_BYTES: this is the
+                                       first, then log-<rank>.p<n>.txt
+        a<attempt>/heartbeat-<rank>.json  each node's wrapper, alive            instance PUT, broker GET
         a<attempt>/status-<rank>.json  each node's exit status                  instance PUT, broker GET
         checkpoints/                   LOCKSTEP_CHECKPOINT_URI of every attempt (unless the spec names one);
                                        the workload writes it with its own instance profile
@@ -25,6 +28,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from broker.config import AwsConfig
@@ -33,7 +37,7 @@ from broker.models import Allocation, JobExit
 from providers.aws.client import S3Client
 from providers.aws.requests import boot_script
 from providers.base import LaunchRequest
-from providers.runtime.logs import parse_status
+from providers.runtime.logs import parse_heartbeat, parse_status
 from providers.runtime.manifest import RunRequest, build_manifest, docker_container, wrapper_source
 
 log = logging.getLogger(__name__)
@@ -44,6 +48,9 @@ UPLOAD_MARGIN_S = 3600.0  # beyond boot + rendezvous + max_duration + grace, for
 SHUTDOWN = ("shutdown", "-h", "now")  # with InstanceInitiatedShutdownBehavior=terminate: billing ends
 # What a container needs to use EFA (the uverbs devices, pinned memory), and libfabric/NCCL over it.
 EFA_DOCKER_ARGS = ("--device", "/dev/infiniband", "--ulimit", "memlock=-1:-1", "--cap-add", "IPC_LOCK")
+# A node's log goes up in parts: the open part again each round (at most this much), a full part never again.
+LOG_PART_BYTES = 1 << 20
+LOG_PARTS = 64  # 64 MiB per node reaches the bucket; the rest stays in the file on the machine
 EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
 
 
@@ -81,8 +88,11 @@ class RunLocation:
     def peers(self) -> str:
         return self.prefix + "peers.json"
 
-    def log(self, rank: int) -> str:
-        return f"{self.prefix}log-{rank}.txt"
+    def log(self, rank: int, part: int = 0) -> str:
+        return f"{self.prefix}log-{rank}.txt" if part == 0 else f"{self.prefix}log-{rank}.p{part}.txt"
+
+    def heartbeat(self, rank: int) -> str:
+        return f"{self.prefix}heartbeat-{rank}.json"
 
     def status(self, rank: int) -> str:
         return f"{self.prefix}status-{rank}.json"
@@ -123,7 +133,9 @@ def launch_order(inst: Mapping[str, Any]) -> tuple[int, str]:
 
 
 def aws_manifest(run: RunRequest, *, log_urls: Mapping[str, str], status_urls: Mapping[str, str],
-                 peers_url: str, data_url: str, checkpoint_uri: str, efa: bool) -> dict[str, Any]:
+                 peers_url: str, data_url: str, checkpoint_uri: str, efa: bool,
+                 part_urls: Mapping[str, Sequence[str]] | None = None,
+                 heartbeat_urls: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The wrapper's manifest for one attempt on EC2: the command in ``docker run`` of the job's image,
     rank from the peer list (multi-node, by instance id from IMDSv2), log and status to presigned URLs, and
     an instance-initiated shutdown at the end."""
@@ -135,7 +147,9 @@ def aws_manifest(run: RunRequest, *, log_urls: Mapping[str, str], status_urls: M
     return build_manifest(
         run,
         rendezvous=rendezvous,
-        logs={"put_urls": dict(log_urls), "status_put_urls": dict(status_urls), "stdout": True},
+        logs={"put_urls": dict(log_urls), "status_put_urls": dict(status_urls), "stdout": True,
+              "part_urls": {r: list(u) for r, u in (part_urls or {}).items()}, "part_bytes": LOG_PART_BYTES,
+              "heartbeat_put_urls": dict(heartbeat_urls or {})},
         container=container,
         shutdown=SHUTDOWN,
         data_url=data_url,
@@ -193,10 +207,14 @@ class RunFiles:
         ranks = range(req.nodes)
         log_urls = {str(r): await self.s3.presign("put_object", where.log(r), upload) for r in ranks}
         status_urls = {str(r): await self.s3.presign("put_object", where.status(r), upload) for r in ranks}
+        part_urls = {str(r): [await self.s3.presign("put_object", where.log(r, p), upload)
+                              for p in range(1, LOG_PARTS)] for r in ranks}
+        beat_urls = {str(r): await self.s3.presign("put_object", where.heartbeat(r), upload) for r in ranks}
         peers_url = await self.s3.presign("get_object", where.peers, after_boot) if req.nodes > 1 else ""
         manifest = aws_manifest(
             run, log_urls=log_urls, status_urls=status_urls, peers_url=peers_url,
             data_url=await self._data_url(run, after_boot), checkpoint_uri=where.checkpoint_uri, efa=efa,
+            part_urls=part_urls, heartbeat_urls=beat_urls,
         )
         await self.s3.put(where.wrapper, wrapper_source().encode("utf-8"), "text/x-python; charset=utf-8")
         await self.s3.put(where.manifest, json.dumps(manifest, sort_keys=True).encode("utf-8"), "application/json")
@@ -226,8 +244,20 @@ class RunFiles:
         return out
 
     async def log(self, where: RunLocation, rank: int) -> str:
-        body = await self.s3.get(where.log(rank))
-        return body.decode("utf-8", "replace") if body is not None else ""
+        """A node's log: its parts in order (a part is followed by another only when it is full)."""
+        parts: list[bytes] = []
+        for part in range(LOG_PARTS):
+            body = await self.s3.get(where.log(rank, part))
+            if body is None:
+                break
+            parts.append(body)
+            if len(body) < LOG_PART_BYTES:
+                break
+        return b"".join(parts).decode("utf-8", "replace")
+
+    async def heartbeat(self, where: RunLocation, rank: int) -> datetime | None:
+        """When a node's wrapper last said it was alive (None: not yet; see ``wrapper_silent``)."""
+        return parse_heartbeat(await self.s3.get(where.heartbeat(rank)))
 
     async def forget(self, where: RunLocation) -> None:
         """Delete the attempt's manifest (it holds the job's secret values); logs and statuses stay."""

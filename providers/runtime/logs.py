@@ -5,21 +5,31 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from broker.models import ExitReason, JobExit, LogLine, as_utc
-from providers.runtime.wrapper import EXIT_MARKER
+from providers.runtime.wrapper import BEAT_MARKER, EXIT_MARKER
 
 _LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) (out|err|lockstep) ?(.*)$")
 
 
+def lines_of(text: str) -> list[str]:
+    """The log's lines, split on ``\\n`` only (a ``\\r``, a form feed or a Unicode separator inside a line is
+    the line's own text: a command cannot start a line of its own with them); a trailing ``\\r`` dropped."""
+    out = text.split("\n")
+    if out and not out[-1]:
+        out.pop()
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in out]
+
+
 def parse_log(text: str, rank: int = 0) -> list[LogLine]:
     """The wrapper's lines (``<UTC time> <stream> <text>``); other lines (a container's own banner, a
-    market's notes) are kept as they are, without a time."""
+    market's notes) are kept as they are, without a time. The wrapper's exit and heartbeat lines are not
+    the job's output."""
     out: list[LogLine] = []
-    for raw in text.splitlines():
-        if raw.startswith(EXIT_MARKER):
+    for raw in lines_of(text):
+        if raw.startswith((EXIT_MARKER, BEAT_MARKER)):
             continue
         m = _LINE.match(raw)
         if m:
@@ -47,12 +57,55 @@ def parse_status(text: str | bytes) -> JobExit | None:
     return exit_from_status(doc) if isinstance(doc, dict) else None
 
 
-def exit_from_log(text: str) -> JobExit | None:
-    """The status in a log's last ``LOCKSTEP-EXIT`` line (markets whose logs API is the only way out)."""
-    for raw in reversed(text.splitlines()):
-        if raw.startswith(EXIT_MARKER):
-            return parse_status(raw[len(EXIT_MARKER):])
+def _marked(nonce: str, marker: str) -> str:
+    return f"{marker}{nonce} " if nonce else marker
+
+
+def exit_from_log(text: str, nonce: str = "") -> JobExit | None:
+    """The status in a log's last ``LOCKSTEP-EXIT <nonce> {...}`` line (markets whose logs API is the only way
+    out). Only a whole line (``\\n`` boundaries) that starts with the marker and this attempt's nonce counts
+    (:func:`~providers.runtime.manifest.exit_nonce`); without a nonce, only the nonce-less form of older
+    wrappers."""
+    prefix = _marked(nonce, EXIT_MARKER)
+    for raw in reversed(lines_of(text)):
+        if raw.startswith(prefix) and (nonce or raw[len(prefix):].startswith("{")):
+            return parse_status(raw[len(prefix):])
     return None
+
+
+def parse_heartbeat(text: str | bytes | None) -> datetime | None:
+    """When a wrapper's heartbeat document (``heartbeat-<rank>.json``) says it was alive; None if it is not one."""
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+        return as_utc(str(doc["at"])) if isinstance(doc, dict) else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def heartbeat_from_log(text: str, nonce: str = "") -> datetime | None:
+    """The last ``LOCKSTEP-BEAT <nonce> {...}`` line's time (Vast: the container's stdout is the only way out)."""
+    prefix = _marked(nonce, BEAT_MARKER)
+    for raw in reversed(lines_of(text)):
+        if raw.startswith(prefix):
+            return parse_heartbeat(raw[len(prefix):])
+    return None
+
+
+def wrapper_silent(last_beat: datetime | None, running_since: datetime, now: datetime, *, heartbeat_s: float,
+                   poll_interval_s: float, rendezvous_wait_s: float = 0.0) -> bool:
+    """Has a running attempt's wrapper gone silent, so its machine must be released?
+
+    The lifecycle asks this of each running allocation whose market serves heartbeats: silent means no beat
+    for three heartbeats plus two polls (the wrapper beats from its main loop, so a wrapper stuck or dead
+    stops). Before the first beat the rendezvous's wait is allowed too (the heartbeat starts after it).
+    Beats carry the machine's clock: a skew larger than the allowance reads as silence (docs/runtime.md).
+    """
+    allowance = timedelta(seconds=3 * heartbeat_s + 2 * poll_interval_s)
+    if last_beat is None:
+        return now - running_since > allowance + timedelta(seconds=rendezvous_wait_s)
+    return now - max(last_beat, running_since) > allowance
 
 
 def job_exit(statuses: Mapping[int, JobExit], nodes: int = 1) -> JobExit | None:

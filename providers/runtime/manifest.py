@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 import io
 import json
 import tarfile
@@ -25,6 +26,9 @@ from broker.models import JobSpec, RegistryAuth
 DEFAULT_GRACE_S = 30.0
 REGISTRY_PASSWORD_VAR = "LOCKSTEP_REGISTRY_PASSWORD"  # in the manifest's secrets only; the wrapper logs in with it
 FILES_MTIME = 0  # packed files carry no time, so the same files always pack to the same bytes
+HEARTBEAT_S = 30.0  # how often the wrapper says it is alive (providers/runtime/logs.py wrapper_silent)
+# What the wrapper runs when the manifest's `shutdown` keeps failing (docs/runtime.md): a forced power-off.
+SHUTDOWN_FALLBACKS = (("poweroff", "-f"),)
 
 
 class RunRequest(BaseModel):
@@ -82,6 +86,16 @@ class RunRequest(BaseModel):
 
     def secret_values(self) -> dict[str, str]:
         return {k: v.get_secret_value() for k, v in self.secrets.items()}
+
+
+def exit_nonce(job_id: str, attempt: int) -> str:
+    """The attempt's nonce in the wrapper's ``LOCKSTEP-EXIT`` line: only a line with it ends the attempt.
+
+    Derived, not stored, so any replica (and a restarted broker) checks it without a lookup. It stops output
+    that merely contains the marker (another job's log replayed, a ``\\r``-joined line); not a command set on
+    forging its own end (docs/runtime.md "Limits"), which could end itself anyway.
+    """
+    return hashlib.sha256(f"lockstep-exit\0{job_id}\0{attempt}".encode()).hexdigest()[:16]
 
 
 def pack_files(files: Mapping[str, str]) -> str:
@@ -152,6 +166,8 @@ def build_manifest(
                        **rendezvous},
         "logs": {"interval_s": run.log_interval_s, **logs},
         "grace_s": run.grace_s,
+        "heartbeat_s": HEARTBEAT_S,
+        "exit_nonce": exit_nonce(run.job_id, run.attempt),
     }
     if workdir:
         manifest["workdir"] = workdir
@@ -171,4 +187,5 @@ def build_manifest(
         manifest["container"] = dict(container)
     if shutdown:
         manifest["shutdown"] = list(shutdown)
+        manifest["shutdown_fallbacks"] = [list(f) for f in SHUTDOWN_FALLBACKS]
     return manifest

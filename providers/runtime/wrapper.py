@@ -2,58 +2,99 @@
 """lockstep-run: the in-job wrapper, the same on every market.
 
 Shipped inside a job's launch payload and run on each node of the job (on the
-host on AWS, inside the container on Vast, under ``srun`` on Slurm). Python 3.8+
+host on AWS, inside the container on Vast, under ``srun`` on Slurm). Python 3.6+
 standard library only, one file, no broker credentials: everything it needs is
 in its *manifest* (a JSON document made by the broker at launch).
 
 What it does, in order:
 
-1. works out where it stands in the job (rendezvous): its node rank, the node
+1. installs its signal handlers (TERM, INT, HUP, USR1, USR2) before anything else;
+2. works out where it stands in the job (rendezvous): its node rank, the node
    count, every node's address, the head node's address; exported as
    ``LOCKSTEP_*`` variables (docs/runtime.md lists them) so ``torchrun`` can
    start one job across the nodes;
-2. unpacks the job's files into its working directory and fetches its data URL;
-3. runs the command (in a container when the manifest says so) with the job's
-   environment and secrets, each output line time-stamped, secret values
-   masked, written to a log file (and to its own stdout);
-4. ships the log to where the broker reads it (a presigned object-storage URL
-   or a shared directory) while the command runs;
-5. enforces ``max_duration`` (TERM, then KILL after a grace period) and passes
-   a TERM it receives on to the command (preemption, cancel);
-6. records the exit status (``status.json``, and a last ``LOCKSTEP-EXIT`` line
-   on stdout for markets whose logs API is the only way out);
-7. ends the machine's billing when asked to (``shutdown`` in the manifest:
-   instance-initiated shutdown with terminate behaviour on AWS);
-8. exits with the command's exit code.
+3. unpacks the job's files into its working directory and fetches its data URL
+   (to disk, in chunks);
+4. runs the command (under ``bash -o pipefail`` where bash exists, in a
+   container when the manifest says so) with the job's environment and secrets,
+   each output line time-stamped, secret values masked (multi-line ones too),
+   written to a log file (and to its own stdout);
+5. ships the log to where the broker reads it (numbered parts of bounded size
+   to presigned URLs, or a shared directory) while the command runs, and a
+   heartbeat, so the broker notices a wrapper that went silent;
+6. enforces ``max_duration`` and passes the signals it receives on to the
+   command's whole process tree (its process group, and descendants that left
+   it: the wrapper is their subreaper); a stop is TERM, then KILL of everything
+   left ``grace_s`` after the TERM;
+7. records the exit status (``status.json``, and a last
+   ``LOCKSTEP-EXIT <nonce> {...}`` line on stdout for markets whose logs API is
+   the only way out);
+8. ends the machine's billing when asked to (``shutdown`` in the manifest),
+   retrying and falling back (``shutdown_fallbacks``, sysrq) when it fails;
+9. exits with the command's exit code.
+
+Steps 7 and 8 run in a ``finally`` that every failure of steps 2-6 reaches;
+every write of output is guarded, so a full disk, a closed stdout or an
+encoding error never stops the command (docs/runtime.md, "What the wrapper
+guarantees").
 
 Usage: ``python3 wrapper.py MANIFEST.json`` (``-`` reads stdin), or with the
 manifest base64-encoded (gzip allowed) in ``LOCKSTEP_MANIFEST``, or fetched from
 the URL in ``LOCKSTEP_MANIFEST_URL``.
+
+Written for Python 3.6: no ``from __future__ import annotations``, no walrus,
+no ``shlex.join``, no ``capture_output`` (tests/runtime/test_compat.py checks).
 """
 
-from __future__ import annotations
-
-import base64
-import datetime
-import gzip
-import io
-import json
-import os
-import shlex
 import signal
-import socket
-import subprocess
-import sys
-import tarfile
-import threading
-import time
-import urllib.error
+
+# The first thing a node's wrapper does: note the stopping signals (a preemption can come while the rest of this
+# file is still being read); Job.install takes over and acts on what was noted. Not when the broker imports it.
+EARLY_SIGNALS = []  # type: list
+if __name__ == "__main__":
+    for _name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"):
+        if hasattr(signal, _name):
+            signal.signal(getattr(signal, _name), lambda signum, _frame: EARLY_SIGNALS.append(signum))
+
+import base64  # noqa: E402 - after the handlers, on purpose
+import collections  # noqa: E402
+import datetime  # noqa: E402
+import errno  # noqa: E402
+import gzip  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import shlex  # noqa: E402
+import shutil  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tarfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from typing import Any, Callable, Dict, List, Optional  # noqa: E402
 
 EXIT_MARKER = "LOCKSTEP-EXIT "
+BEAT_MARKER = "LOCKSTEP-BEAT "
 MASK = "*****"
 MIN_SECRET_LEN = 4  # shorter values would mask ordinary words
 DEFAULT_RDZV_PORT = 29500
 WRAPPER_FAILED = 127  # the exit code when the wrapper itself could not start the command
+MAX_LINE_BYTES = 64 * 1024  # a longer line is cut into pieces of this size (a 100 MB line must not be 100 MB of RAM)
+READ_CHUNK = 64 * 1024
+TAIL_LINES = 20  # kept for the status
+TAIL_LINE_CHARS = 1000  # each, in the status
+MEMORY_TAIL_BYTES = 1 << 20  # what is kept in memory once the log file cannot be written
+DEFAULT_PART_BYTES = 1 << 20  # a log part shipped to one presigned URL
+DEFAULT_HEARTBEAT_S = 30.0
+END_UPLOAD_BUDGET_S = 60.0  # the status and the last log part, at most this long before the shutdown
+SHUTDOWN_ATTEMPTS = 3
+SHUTDOWN_TIMEOUT_S = 60.0
+SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
+STOPPING = ("SIGTERM", "SIGINT", "SIGHUP")  # the rest are passed on only (a workload's "checkpoint now")
+PR_SET_CHILD_SUBREAPER = 36
+END_MARK_VAR = "LOCKSTEP_END_MARK"  # a file the boot script reads: "status" once written, "shutdown" once run
+NONCE_VAR = "LOCKSTEP_EXIT_NONCE"  # the exit line's nonce, for a boot script (never passed to the command)
 
 
 class WrapperError(Exception):
@@ -64,33 +105,93 @@ def log_time() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
+def note(text: str) -> None:
+    """A line about the wrapper itself on stderr; never raises (stderr may be closed)."""
+    try:
+        sys.stderr.write("lockstep-run: " + text + "\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+# --------------------------------------------------------------------------- fault injection (tests)
+
+
+class Faults:
+    """Failures injected at the wrapper's I/O points, for tests/runtime/test_faults.py.
+
+    ``LOCKSTEP_TEST_FAULTS`` is JSON ``{"point": [n, ...]}``: the n-th call (from 0) at that point raises
+    ``OSError(EIO)``. Empty in production: :meth:`check` is then one dictionary lookup.
+    """
+
+    def __init__(self, spec: str) -> None:
+        self.plan = {}  # type: Dict[str, set]
+        self.calls = collections.Counter()  # type: collections.Counter
+        self.lock = threading.Lock()
+        if spec:
+            try:
+                self.plan = {str(k): set(int(n) for n in v) for k, v in json.loads(spec).items()}
+            except (ValueError, TypeError, AttributeError):
+                note("LOCKSTEP_TEST_FAULTS ignored: not a JSON mapping of lists")
+
+    def check(self, point: str) -> None:
+        if not self.plan:
+            return
+        with self.lock:
+            n = self.calls[point]
+            self.calls[point] += 1
+        if n in self.plan.get(point, ()):
+            raise OSError(errno.EIO, "injected failure at " + point)
+
+
+FAULTS = Faults(os.environ.get("LOCKSTEP_TEST_FAULTS", ""))
+
+
 # --------------------------------------------------------------------------- transport
 
 
-def http(method: str, url: str, data: bytes | None = None, headers: dict | None = None, timeout: float = 30.0,
-         attempts: int = 5) -> bytes:
-    """One HTTP request with bounded, growing retries on network errors and 5xx/429. Raises on the rest."""
+def http(method: str, url: str, data: Optional[bytes] = None, headers: Optional[dict] = None,
+         timeout: float = 30.0, attempts: int = 5, deadline: Optional[float] = None, sink: Any = None) -> bytes:
+    """One HTTP request with bounded, growing retries on network errors and 5xx/429. Raises on the rest.
+
+    ``deadline`` (``time.monotonic``) bounds the whole call, retries included; ``sink`` (a binary file)
+    receives the body in chunks instead of memory (it is rewound on a retry).
+    """
+    import urllib.error
     import urllib.request  # here: the broker imports this module's constants, and `lockstep quote` sends nothing
 
     delay = 1.0
     for attempt in range(attempts):
+        left = timeout if deadline is None else min(timeout, deadline - time.monotonic())
+        if left <= 0:
+            raise OSError(errno.ETIMEDOUT, "out of time for " + method)
         req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return resp.read()
+            FAULTS.check("http")
+            with urllib.request.urlopen(req, timeout=left) as resp:
+                if sink is None:
+                    return resp.read()
+                sink.seek(0)
+                sink.truncate()
+                while True:
+                    chunk = resp.read(READ_CHUNK)
+                    if not chunk:
+                        return b""
+                    sink.write(chunk)
         except urllib.error.HTTPError as exc:
             if (exc.code < 500 and exc.code != 429) or attempt == attempts - 1:
                 raise
-        except (urllib.error.URLError, OSError):
+        except Exception:  # URLError, OSError, http.client.HTTPException (a malformed answer), timeouts
             if attempt == attempts - 1:
                 raise
-        time.sleep(delay)
+        pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
+        time.sleep(pause)
         delay = min(delay * 2, 30.0)
     raise RuntimeError("unreachable")
 
 
-def put(url: str, body: bytes, content_type: str = "application/octet-stream") -> None:
-    http("PUT", url, body, {"Content-Type": content_type})
+def put(url: str, body: bytes, content_type: str = "application/octet-stream", **kw: Any) -> None:
+    http("PUT", url, body, {"Content-Type": content_type}, **kw)
 
 
 def decode_blob(text: str) -> bytes:
@@ -98,17 +199,17 @@ def decode_blob(text: str) -> bytes:
     return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
 
 
-def load_manifest(argv: list[str], environ: dict) -> dict:
+def load_manifest(argv: List[str], environ: dict) -> dict:
     if len(argv) > 1:
         if argv[1] == "-":
             return json.load(sys.stdin)
         with open(argv[1], encoding="utf-8") as fh:
             return json.load(fh)
     if environ.get("LOCKSTEP_MANIFEST"):
-        return json.loads(decode_blob(environ["LOCKSTEP_MANIFEST"]))
+        return json.loads(decode_blob(environ["LOCKSTEP_MANIFEST"]).decode("utf-8"))
     if environ.get("LOCKSTEP_MANIFEST_URL"):
-        return json.loads(http("GET", environ["LOCKSTEP_MANIFEST_URL"]))
-    raise SystemExit("lockstep-run: no manifest (give a file, LOCKSTEP_MANIFEST or LOCKSTEP_MANIFEST_URL)")
+        return json.loads(http("GET", environ["LOCKSTEP_MANIFEST_URL"]).decode("utf-8"))
+    raise WrapperError("lockstep-run: no manifest (give a file, LOCKSTEP_MANIFEST or LOCKSTEP_MANIFEST_URL)")
 
 
 # --------------------------------------------------------------------------- rendezvous
@@ -131,36 +232,54 @@ def own_identity(rdzv: dict, environ: dict) -> str:
     return socket.gethostname()
 
 
-def wait_for_peers(rdzv: dict, deadline: float) -> list[dict]:
+def peer_list(doc: Any) -> List[Dict[str, str]]:
+    """The peer list's nodes, each with an ``id`` and an ``addr``; ValueError for anything else."""
+    nodes = doc.get("nodes") if isinstance(doc, dict) else None
+    if not isinstance(nodes, list) or not nodes:
+        raise ValueError("the peer list has no nodes")
+    out = []
+    for node in nodes:
+        if not isinstance(node, dict) or not node.get("id") or not node.get("addr"):
+            raise ValueError("a peer list entry without id or addr: %r" % (node,))
+        out.append({"id": str(node["id"]), "addr": str(node["addr"])})
+    return out
+
+
+def wait_for_peers(rdzv: dict, deadline: float, stopped: Callable[[], bool]) -> List[Dict[str, str]]:
     """The peer list the broker publishes once it knows every node's address."""
+    last = ""
     while True:
         try:
             if rdzv.get("peers_url"):
-                doc = json.loads(http("GET", rdzv["peers_url"], attempts=1, timeout=10))
+                doc = json.loads(http("GET", rdzv["peers_url"], attempts=1, timeout=10).decode("utf-8"))
             else:
                 with open(rdzv["peers_file"], encoding="utf-8") as fh:
                     doc = json.load(fh)
-            return list(doc["nodes"])
-        except (OSError, ValueError, KeyError, urllib.error.URLError):
+            return peer_list(doc)
+        except Exception as exc:  # not there yet, a malformed answer, a bad document: try again until the deadline
+            last = "%s: %s" % (type(exc).__name__, exc)
+        for _ in range(10):  # 2 s between tries, in steps: a signal is answered within 0.2 s
+            if stopped():
+                raise WrapperError("lockstep-run: stopped by a signal while waiting for the peer list")
             if time.time() > deadline:
-                raise WrapperError("lockstep-run: the peer list did not arrive in time") from None
-            time.sleep(2.0)
+                raise WrapperError("lockstep-run: the peer list did not arrive in time (last: %s)" % last[:200])
+            time.sleep(0.2)
 
 
-def rendezvous(manifest: dict, environ: dict) -> dict:
+def rendezvous(manifest: dict, environ: dict, stopped: Callable[[], bool] = lambda: False) -> Dict[str, str]:
     """The ``LOCKSTEP_*`` rendezvous variables for this node."""
     rdzv = manifest.get("rendezvous") or {}
     mode = rdzv.get("mode", "single")
     port = int(rdzv.get("port") or DEFAULT_RDZV_PORT)
     gpus = int(rdzv.get("gpus_per_node") or 0)
     if mode == "peers":
-        peers = wait_for_peers(rdzv, time.time() + float(rdzv.get("wait_s", 900)))
+        peers = wait_for_peers(rdzv, time.time() + float(rdzv.get("wait_s", 900)), stopped)
         me = own_identity(rdzv, environ)
-        ids = [str(p.get("id", "")) for p in peers]
+        ids = [p["id"] for p in peers]
         if me not in ids:
-            raise WrapperError(f"lockstep-run: this node ({me}) is not in the job's peer list")
+            raise WrapperError("lockstep-run: this node (%s) is not in the job's peer list" % me)
         rank = ids.index(me)
-        addrs = [str(p["addr"]) for p in peers]
+        addrs = [p["addr"] for p in peers]
     elif mode == "env":
         # Slurm: the batch step exports the node addresses; each srun task knows its node's index.
         addrs = [a for a in environ.get("LOCKSTEP_NODE_ADDRS", "").split(",") if a]
@@ -170,7 +289,7 @@ def rendezvous(manifest: dict, environ: dict) -> dict:
     else:
         addrs = [str(rdzv.get("addr") or "127.0.0.1")]
         rank = 0
-    out = {
+    return {
         "LOCKSTEP_NODE_RANK": str(rank),
         "LOCKSTEP_NUM_NODES": str(len(addrs)),
         "LOCKSTEP_GPUS_PER_NODE": str(gpus),
@@ -181,7 +300,14 @@ def rendezvous(manifest: dict, environ: dict) -> dict:
         "MASTER_ADDR": addrs[0],
         "MASTER_PORT": str(port),
     }
-    return out
+
+
+def rank_hint(environ: dict) -> int:
+    """This node's rank before the rendezvous (for a failure that comes before it): Slurm's, else 0."""
+    try:
+        return int(environ.get("LOCKSTEP_NODE_RANK") or environ.get("SLURM_NODEID") or 0)
+    except ValueError:
+        return 0
 
 
 # --------------------------------------------------------------------------- files and data
@@ -194,12 +320,13 @@ def _inside(base: str, name: str) -> bool:
 
 def unpack_files(blob: str, workdir: str) -> int:
     """Extract the job's files (a base64 tar.gz) into ``workdir``; refuses paths that leave it."""
+    FAULTS.check("unpack")
     base = os.path.realpath(workdir)
     count = 0
     with tarfile.open(fileobj=io.BytesIO(decode_blob(blob)), mode="r:*") as tar:
         for member in tar.getmembers():
             if not (member.isfile() or member.isdir()) or not _inside(base, member.name):
-                raise WrapperError(f"lockstep-run: refusing file {member.name!r} from the job's files")
+                raise WrapperError("lockstep-run: refusing file %r from the job's files" % member.name)
             if hasattr(tarfile, "data_filter"):  # 3.12+, and 3.8-3.11 security releases
                 tar.extract(member, base, filter="data")
             else:
@@ -208,17 +335,19 @@ def unpack_files(blob: str, workdir: str) -> int:
     return count
 
 
-def fetch_data(data: dict, workdir: str) -> dict:
-    """Download the job's data URL (http/https) into the work dir; the variables that point at it."""
+def fetch_data(data: dict, workdir: str) -> Dict[str, str]:
+    """Download the job's data URL (http/https) into the work dir, in chunks; the variables that point at it."""
     env = {}
     url = data.get("url") or ""
     if url.startswith(("http://", "https://")):
+        FAULTS.check("fetch")
         dest_dir = os.path.join(workdir, "data")
         os.makedirs(dest_dir, exist_ok=True)
         name = data.get("name") or os.path.basename(url.split("?", 1)[0]) or "input"
         dest = os.path.join(dest_dir, name)
-        with open(dest, "wb") as fh:
-            fh.write(http("GET", url, timeout=300))
+        with open(dest + ".part", "wb") as fh:
+            http("GET", url, timeout=300, sink=fh)
+        os.replace(dest + ".part", dest)
         env["LOCKSTEP_DATA_PATH"] = dest
         env["LOCKSTEP_DATA_DIR"] = dest_dir
     for key in ("uri", "path"):
@@ -227,121 +356,392 @@ def fetch_data(data: dict, workdir: str) -> dict:
     return env
 
 
+# --------------------------------------------------------------------------- masking
+
+
+class Masker:
+    """Secret values replaced by ``*****`` in each line.
+
+    A multi-line secret (a PEM key) reaches the log one line at a time, so each of its lines (of at least
+    ``MIN_SECRET_LEN`` characters, without its line ending) is masked as a value of its own. Limits
+    (docs/runtime.md): a secret printed in another form (base64, URL-encoded, re-wrapped at another width)
+    is not recognised, nor a short last line of a multi-line secret.
+    """
+
+    def __init__(self, secrets: List[str]) -> None:
+        values = set()
+        for s in secrets:
+            values.add(s)
+            if "\n" in s or "\r" in s:
+                for part in s.replace("\r", "\n").split("\n"):
+                    values.add(part.strip())
+        self.values = sorted((v for v in values if len(v) >= MIN_SECRET_LEN), key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for s in self.values:
+            if s in text:
+                text = text.replace(s, MASK)
+        return text
+
+
 # --------------------------------------------------------------------------- the log
 
 
-class Log:
-    """Time-stamped, masked lines to a file (and stdout), shipped to the broker's sink while the job runs."""
+def _log_path(manifest: dict, rank: int) -> str:
+    logs = manifest.get("logs") or {}
+    default = os.path.join(manifest["workdir"], ".lockstep", "lockstep-{rank}.log")
+    # One manifest serves every node: "{rank}" in the file name becomes this node's rank.
+    return str(logs.get("file") or default).replace("{rank}", str(rank))
 
-    def __init__(self, manifest: dict, secrets: list[str], rank: int) -> None:
+
+class Log:
+    """Time-stamped, masked lines to a file (and stdout), shipped to the broker's sink while the job runs.
+
+    Nothing here raises to its caller: every failure is counted (``errors``) and the output keeps flowing.
+    When the file cannot be written the lines go to a bounded in-memory tail instead (and are shipped from
+    there); when stdout fails, echoing stops.
+    """
+
+    def __init__(self, manifest: dict, secrets: List[str], rank: int, nonce: str = "") -> None:
         logs = manifest.get("logs") or {}
-        # One manifest serves every node: "{rank}" in the file name becomes this node's rank.
-        self.path = (logs.get("file") or os.path.join(manifest["workdir"], "lockstep-{rank}.log")).replace(
-            "{rank}", str(rank))
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        self.put_url = (logs.get("put_urls") or {}).get(str(rank)) or ""
+        self.path = _log_path(manifest, rank)
         self.echo = bool(logs.get("stdout", True))
         self.interval = float(logs.get("interval_s", 5.0))
-        self.max_upload = int(logs.get("max_upload_bytes", 64 << 20))
-        self.secrets = sorted({s for s in secrets if len(s) >= MIN_SECRET_LEN}, key=len, reverse=True)
-        self.lock = threading.Lock()
-        self.fh = open(self.path, "a", encoding="utf-8")  # closed in close()
-        self.tail: list[str] = []  # the last lines, for the status
-        self.dirty = False
+        self.part_bytes = max(1024, int(logs.get("part_bytes", DEFAULT_PART_BYTES)))
+        first = (logs.get("put_urls") or {}).get(str(rank)) or ""
+        more = list((logs.get("part_urls") or {}).get(str(rank)) or [])
+        self.part_urls = ([first] if first else []) + [str(u) for u in more]  # part n of the log goes to URL n
+        self.max_line = max(256, int(logs.get("max_line_bytes", MAX_LINE_BYTES)))
+        self.mask = Masker(secrets)
+        self.nonce = nonce
+        self.lock = threading.Lock()  # one writer at a time
+        self.ship_lock = threading.Lock()  # one uploader at a time
+        self.errors = collections.Counter()  # type: collections.Counter
+        self.tail = collections.deque(maxlen=TAIL_LINES)  # type: collections.deque
+        self.memory = collections.deque()  # type: collections.deque  # bytes, once the file failed
+        self.memory_bytes = 0
+        self.written = 0  # bytes of the log so far (file, or memory once the file failed)
+        self.shipped = 0  # bytes of the log in sealed (full) parts
+        self.open_sent = 0  # how far the open part was shipped
+        self.file_ok = True
+        self.file_end = -1  # once the file failed: how much of the log it holds
+        self.memory_start = 0  # the log offset of the in-memory tail's first byte
+        self.fd = -1
+        self.stdout = getattr(sys.stdout, "buffer", None)
         self.stop = threading.Event()
-        self.uploader = threading.Thread(target=self._ship_loop, daemon=True)
+        self.uploader = threading.Thread(target=self._ship_loop, name="lockstep-log-ship", daemon=True)
+        try:
+            FAULTS.check("log_open")
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            # Our own descriptor, read back for shipping: a command that deletes the file does not stop either.
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            self.written = os.fstat(self.fd).st_size
+        except Exception as exc:
+            self._fail("file", exc)
 
-    def mask(self, text: str) -> str:
-        for s in self.secrets:
-            text = text.replace(s, MASK)
-        return text
+    # ---- writing
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        self.errors[what] += 1
+        if what == "file" and self.file_ok:
+            self.file_ok = False
+            note("log file %s unusable (%s: %s); keeping the last %d bytes in memory"
+                 % (self.path, type(exc).__name__, exc, MEMORY_TAIL_BYTES))
+        elif what == "stdout" and self.echo:
+            self.echo = False
+            note("stdout unusable (%s); not echoing the log there any more" % type(exc).__name__)
+
+    def _write_file(self, data: bytes) -> None:
+        if self.file_ok:
+            view = memoryview(data)
+            try:
+                FAULTS.check("log_write")
+                while view:
+                    n = os.write(self.fd, view)
+                    self.written += n
+                    view = view[n:]
+                return
+            except Exception as exc:
+                self._fail("file", exc)
+                data = bytes(view)  # what did not reach the file
+        if self.file_end < 0:
+            self.file_end = self.written  # the file holds the log up to here; the rest lives in memory
+            self.memory_start = self.written
+        self.memory.append(data)
+        self.memory_bytes += len(data)
+        self.written += len(data)
+        while self.memory_bytes > MEMORY_TAIL_BYTES and len(self.memory) > 1:
+            dropped = self.memory.popleft()
+            self.memory_bytes -= len(dropped)
+            self.memory_start += len(dropped)
+
+    def _echo(self, data: bytes) -> None:
+        if not self.echo:
+            return
+        try:
+            FAULTS.check("stdout")
+            if self.stdout is not None:
+                self.stdout.write(data)
+                self.stdout.flush()
+            else:  # a text-only stdout: its encoding may not have every character
+                sys.stdout.write(data.decode("ascii", "replace"))
+                sys.stdout.flush()
+        except Exception as exc:
+            self._fail("stdout", exc)
 
     def line(self, stream: str, text: str) -> None:
-        text = self.mask(text.rstrip("\r\n"))
-        record = f"{log_time()} {stream} {text}\n"
+        try:
+            text = self.mask(text.rstrip("\r\n"))
+            record = ("%s %s %s\n" % (log_time(), stream, text)).encode("utf-8", "replace")
+            with self.lock:
+                self._write_file(record)
+                self.tail.append(text[:TAIL_LINE_CHARS])
+                self._echo(record)
+        except Exception as exc:  # never the command's problem
+            self.errors["line"] += 1
+            note("a log line was lost (%s)" % type(exc).__name__)
+
+    def raw_stdout(self, text: str) -> bool:
+        """A line on stdout only (the exit line, a heartbeat): bytes, so no encoding can refuse it. False when
+        stdout refused it."""
+        data = (text + "\n").encode("utf-8", "replace")
         with self.lock:
-            self.fh.write(record)
-            self.fh.flush()
-            self.dirty = True
-            self.tail.append(text)
-            del self.tail[:-20]
-            if self.echo:
-                sys.stdout.write(record)
-                sys.stdout.flush()
+            try:
+                FAULTS.check("stdout")
+                if self.stdout is not None:
+                    self.stdout.write(data)
+                    self.stdout.flush()
+                else:
+                    sys.stdout.write(data.decode("ascii", "replace"))
+                    sys.stdout.flush()
+                return True
+            except Exception as exc:
+                self.errors["stdout"] += 1
+                note("stdout unusable (%s)" % type(exc).__name__)
+                return False
 
-    def pump(self, pipe, stream: str) -> threading.Thread:
+    def pump(self, pipe: Any, stream: str) -> threading.Thread:
+        """Drain ``pipe`` to the end, whatever happens to the lines: the command never blocks on its output."""
+        fd = pipe.fileno()
+
         def run() -> None:
-            for raw in iter(pipe.readline, b""):
-                self.line(stream, raw.decode("utf-8", "replace"))
-            pipe.close()
+            pending = b""
+            while True:
+                try:
+                    chunk = os.read(fd, READ_CHUNK)
+                except InterruptedError:
+                    continue
+                except Exception as exc:
+                    self.errors["read"] += 1
+                    note("reading the command's %s failed (%s)" % (stream, type(exc).__name__))
+                    break
+                if not chunk:
+                    break
+                pending += chunk
+                start = 0
+                while True:
+                    cut = pending.find(b"\n", start)
+                    if cut < 0 or cut - start >= self.max_line:
+                        if len(pending) - start < self.max_line:
+                            break
+                        # A long line: cut it, the rest follows as lines of their own.
+                        piece, start = pending[start:start + self.max_line], start + self.max_line
+                    else:
+                        piece, start = pending[start:cut], cut + 1
+                    self.line(stream, piece.decode("utf-8", "replace"))
+                pending = pending[start:]
+            if pending:
+                self.line(stream, pending.decode("utf-8", "replace"))
+            try:
+                pipe.close()
+            except Exception:
+                self.errors["read"] += 1
 
-        t = threading.Thread(target=run, daemon=True)
+        t = threading.Thread(target=run, name="lockstep-pump-" + stream, daemon=True)
         t.start()
         return t
 
-    def ship(self) -> None:
-        """Upload the log (its last ``max_upload_bytes`` when larger) to the presigned URL."""
-        if not self.put_url:
-            return
+    # ---- shipping
+
+    def _read(self, offset: int, size: int) -> bytes:
+        """Bytes ``offset`` … ``offset + size`` of the log: from the file, then from the in-memory tail."""
         with self.lock:
-            self.dirty = False
-        size = os.path.getsize(self.path)
-        with open(self.path, "rb") as fh:
-            if size > self.max_upload:
-                fh.seek(size - self.max_upload)
-                fh.readline()  # start on a whole line
-            body = fh.read()
+            end = offset + size
+            file_end = self.written if self.file_end < 0 else self.file_end
+            out = b""
+            if offset < file_end and self.fd >= 0:
+                out = os.pread(self.fd, min(end, file_end) - offset, offset)
+                offset += len(out)
+            if offset < end and self.file_end >= 0:
+                data = b"".join(self.memory)
+                if offset < self.memory_start:  # lost: the disk was full and the memory tail moved on
+                    self.errors["lost"] += 1
+                    out += b"\n[lockstep-run: %d bytes of log lost]\n" % (self.memory_start - offset)
+                    offset = self.memory_start
+                out += data[offset - self.memory_start:end - self.memory_start]
+            return out
+
+    def ship(self, deadline: Optional[float] = None) -> None:
+        """Upload what is new: the open part again (at most ``part_bytes``), and each part that filled up.
+
+        Never the whole log again: a part, once full, is never sent twice. One uploader at a time.
+        """
+        wait = -1 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self.part_urls or not self.ship_lock.acquire(timeout=wait):
+            return
         try:
-            put(self.put_url, body, "text/plain; charset=utf-8")
+            while True:
+                part = self.shipped // self.part_bytes
+                if part >= len(self.part_urls):
+                    if not self.errors["parts"]:
+                        note("the log outgrew its %d upload parts; the rest stays on the machine"
+                             % len(self.part_urls))
+                    self.errors["parts"] += 1
+                    return
+                start = part * self.part_bytes
+                end = min(self.written, start + self.part_bytes)
+                full = end - start == self.part_bytes
+                if end <= start or (end == self.open_sent and not full):
+                    return
+                body = self._read(start, end - start)
+                FAULTS.check("upload")
+                kw = {} if deadline is None else {"deadline": deadline, "attempts": 2, "timeout": 15.0}
+                put(self.part_urls[part], body, "text/plain; charset=utf-8", **kw)
+                if not full:
+                    self.open_sent = end
+                    return
+                self.shipped = end
+                self.open_sent = 0
         except Exception as exc:  # the next round tries again; the job goes on
-            with self.lock:
-                self.dirty = True
-            sys.stderr.write(f"lockstep-run: log upload failed: {type(exc).__name__}\n")
+            self.errors["upload"] += 1
+            note("log upload failed: %s" % type(exc).__name__)
+        finally:
+            self.ship_lock.release()
 
     def _ship_loop(self) -> None:
         while not self.stop.wait(self.interval):
-            if self.dirty:
-                self.ship()
+            self.ship()
 
     def start(self) -> None:
-        if self.put_url:
+        if self.part_urls:
             self.uploader.start()
 
-    def close(self) -> None:
+    def close(self, deadline: float) -> None:
+        """The last shipment, bounded by ``deadline``; the file closed."""
         self.stop.set()
-        if self.uploader.is_alive():
-            self.uploader.join(timeout=self.interval + 30)
-        self.ship()
-        self.fh.close()
+        self.ship(deadline)
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except Exception:
+                self.errors["file"] += 1
+            self.fd = -1
+            self.file_ok = False
+
+
+# --------------------------------------------------------------------------- the heartbeat
+
+
+class Heartbeat:
+    """A small document every ``heartbeat_s`` that says the wrapper is alive and what it is doing.
+
+    It goes where the status goes (``status_dir``: ``heartbeat-<rank>.json``; ``heartbeat_put_urls``), or as a
+    ``LOCKSTEP-BEAT <nonce> {...}`` line on stdout only (``heartbeat_stdout``: markets whose logs API is the only
+    way out). It beats only while the main loop makes progress (:meth:`tick`): a wrapper stuck somewhere goes
+    silent, and the broker releases the machine (providers/runtime/logs.py ``wrapper_silent``).
+    """
+
+    def __init__(self, manifest: dict, log: Log, rank: int) -> None:
+        logs = manifest.get("logs") or {}
+        self.every = max(0.05, float(manifest.get("heartbeat_s") or DEFAULT_HEARTBEAT_S))
+        self.status_dir = logs.get("status_dir") or ""
+        self.url = (logs.get("heartbeat_put_urls") or {}).get(str(rank)) or ""
+        self.to_stdout = bool(logs.get("heartbeat_stdout"))
+        self.log = log
+        self.rank = rank
+        self.phase = "starting"
+        self.seq = 0
+        self.progress = time.monotonic()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="lockstep-heartbeat", daemon=True)
+
+    @property
+    def wanted(self) -> bool:
+        return bool(self.status_dir or self.url or self.to_stdout)
+
+    def tick(self, phase: str = "") -> None:
+        self.progress = time.monotonic()
+        if phase:
+            self.phase = phase
+
+    def beat(self) -> None:
+        self.seq += 1
+        doc = {"at": log_time(), "seq": self.seq, "phase": self.phase, "rank": self.rank, "pid": os.getpid()}
+        body = json.dumps(doc, sort_keys=True)
+        if self.status_dir:
+            try:
+                FAULTS.check("heartbeat")
+                os.makedirs(self.status_dir, exist_ok=True)
+                _atomic_write(os.path.join(self.status_dir, "heartbeat-%d.json" % self.rank), body.encode())
+            except Exception:
+                self.log.errors["heartbeat"] += 1
+        if self.url:
+            try:
+                FAULTS.check("heartbeat")
+                put(self.url, body.encode(), "application/json", attempts=1, timeout=10.0)
+            except Exception:
+                self.log.errors["heartbeat"] += 1
+        if self.to_stdout:
+            self.log.raw_stdout(BEAT_MARKER + (self.log.nonce + " " if self.log.nonce else "") + body)
+
+    def _loop(self) -> None:
+        while True:
+            # While the command runs the main loop ticks every 0.1 s: stuck for three beats, say nothing, so the
+            # broker notices. The steps before it (download, registry login) are bounded by their own timeouts.
+            if self.phase != "running" or time.monotonic() - self.progress < 3 * self.every + 5:
+                self.beat()
+            if self.stop.wait(self.every):
+                return
+
+    def start(self) -> None:
+        if self.wanted:
+            self.thread.start()
 
 
 # --------------------------------------------------------------------------- the command
 
 
-def command_argv(manifest: dict, env_names: list[str]) -> list[str]:
-    """The command to exec: the job's command under ``sh -c``, in a container when asked.
+# Inside a container the image decides: bash (with pipefail) when it has one, else sh (dash has no pipefail).
+CONTAINER_SHELL = ["sh", "-c", 'if command -v bash >/dev/null 2>&1; then exec bash -o pipefail -c "$1"; '
+                               'else exec sh -c "$1"; fi', "lockstep-sh"]
 
-    Variables go into the container by name only (``-e NAME``), so their values
-    never appear in a process list.
+
+def command_argv(manifest: dict, env_names: List[str]) -> List[str]:
+    """The command to exec: the job's command under ``bash -o pipefail -c`` where bash exists (``sh -c``
+    elsewhere), in a container when asked.
+
+    Variables go into the container by name only (``-e NAME``), so their values never appear in a process list.
     """
     command = manifest["command"]
     box = manifest.get("container") or {}
     runtime = box.get("runtime", "none")
     workdir = manifest["workdir"]
+    inner = CONTAINER_SHELL + [command]
     if runtime == "docker":
         argv = ["docker", "run", "--rm", "--network", "host", "--ipc", "host", "--init",
-                "-v", f"{workdir}:{workdir}", "-w", workdir]
+                "-v", "%s:%s" % (workdir, workdir), "-w", workdir]
         if box.get("gpus", True):
             argv += ["--gpus", "all"]
         for name in env_names:
             argv += ["-e", name]
         argv += list(box.get("args") or [])
-        return [*argv, box["image"], "sh", "-c", command]
+        return argv + [box["image"]] + inner
     if runtime == "apptainer":
         image = box["image"]
         uri = image if "://" in image else "docker://" + image
-        return ["apptainer", "exec", "--nv", "--pwd", workdir, "--bind", workdir, uri, "sh", "-c", command]
-    return ["sh", "-c", command]
+        return ["apptainer", "exec", "--nv", "--pwd", workdir, "--bind", workdir, uri] + inner
+    bash = shutil.which("bash")
+    return [bash, "-o", "pipefail", "-c", command] if bash else ["sh", "-c", command]
 
 
 def registry_login(box: dict, env: dict) -> None:
@@ -351,57 +751,153 @@ def registry_login(box: dict, env: dict) -> None:
         return
     password = env.get(reg.get("password_env", ""), "")
     subprocess.run(["docker", "login", "--username", reg["username"], "--password-stdin", reg["server"]],
-                   input=password.encode(), check=True, capture_output=True)
+                   input=password.encode(), check=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                   timeout=300)
+
+
+def become_subreaper() -> bool:
+    """Orphans of the command's tree become the wrapper's children, not init's (Linux): so they can be found,
+    signalled and reaped. False where the call does not exist."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except Exception:
+        return False
+
+
+def descendants(root: int) -> List[int]:
+    """Every live process below ``root`` (a walk of /proc; empty where there is none)."""
+    children = collections.defaultdict(list)  # type: Dict[int, List[int]]
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after the last ")"
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) < 2 or fields[0] == b"Z":
+            continue
+        children[int(fields[1])].append(int(name))
+    out = []  # type: List[int]
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 class Runner:
-    """The command's process group: started, watched, stopped (TERM, then KILL after a grace period)."""
+    """The command's process tree: started, watched, signalled, stopped (TERM, then KILL ``grace`` after it)."""
 
-    POLL_S = 0.2
+    POLL_S = 0.1
 
-    def __init__(self, argv: list[str], env: dict, cwd: str, log: Log, grace: float) -> None:
+    def __init__(self, argv: List[str], env: dict, cwd: str, log: Log, grace: float,
+                 heartbeat: Optional[Heartbeat] = None) -> None:
         self.log = log
         self.grace = grace
+        self.heartbeat = heartbeat
+        FAULTS.check("spawn")
         self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
         self.pumps = [log.pump(self.proc.stdout, "out"), log.pump(self.proc.stderr, "err")]
         self.reason = ""
         self.stop_at = 0.0
+        self.killed = False
+        self.returncode = None  # type: Optional[int]
 
-    def signal(self, sig: int) -> None:
+    def tree(self) -> List[int]:
+        """The command's processes: its group's leader and everything below the wrapper (the command, its
+        children, and orphans the wrapper adopted as their subreaper)."""
+        pids = descendants(os.getpid())
+        if self.returncode is None and self.proc.pid not in pids:
+            pids.append(self.proc.pid)
+        return pids
+
+    def send(self, sig: int) -> None:
+        """``sig`` to the command's process group and to every process of its tree (some started sessions of
+        their own: torchrun's workers, daemons)."""
         try:
             os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
+        except OSError:
             pass
+        for pid in self.tree():
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
 
-    def request_stop(self, reason: str) -> None:
-        """TERM the command's process group now; ``wait`` KILLs it if it outlives the grace period.
+    def request_stop(self, reason: str, sig: int = signal.SIGTERM) -> None:
+        """Pass ``sig`` on now; ``wait`` KILLs what is left ``grace`` after the first stop.
 
-        Safe in a signal handler: it only sends a signal and sets two fields.
+        Called from a signal handler: it only sends signals and sets fields.
         """
         if not self.reason:
             self.reason = reason
             self.stop_at = time.monotonic()
-        self.signal(signal.SIGTERM)
+        self.send(sig)
 
-    def wait(self, max_duration: float | None) -> int:
-        started = time.monotonic()
-        killed = False
+    def _reap(self) -> None:
+        """Collect every exited child: the command (its status kept) and adopted orphans (dropped)."""
         while True:
             try:
-                code = self.proc.wait(timeout=self.POLL_S)
-                break
-            except subprocess.TimeoutExpired:
-                now = time.monotonic()
-                if max_duration is not None and not self.reason and now - started >= max_duration:
-                    self.log.line("lockstep", f"max_duration of {max_duration:g} s reached: stopping the command")
-                    self.request_stop("max_duration")
-                if self.reason and not killed and now - self.stop_at >= self.grace:
-                    self.signal(signal.SIGKILL)
-                    killed = True
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            except InterruptedError:
+                continue
+            if pid == 0:
+                return
+            if pid == self.proc.pid:
+                code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                self.returncode = code
+                self.proc.returncode = code  # Popen must not wait for it again
+
+    def wait(self, max_duration: Optional[float]) -> int:
+        """The command's return code (negative: killed by that signal), once the command and every process of
+        its tree have ended — a stop KILLs whatever is left ``grace`` after it."""
+        started = time.monotonic()
+        while True:
+            self._reap()
+            now = time.monotonic()
+            if self.heartbeat is not None:
+                self.heartbeat.tick()
+            if max_duration is not None and not self.reason and now - started >= max_duration:
+                self.log.line("lockstep", "max_duration of %g s reached: stopping the command" % max_duration)
+                self.request_stop("max_duration")
+            if self.reason and not self.killed and now - self.stop_at >= self.grace:
+                left = self.tree()
+                if left:
+                    self.log.line("lockstep", "%d process(es) still running %g s after the stop: killing them"
+                                  % (len(left), self.grace))
+                self.send(signal.SIGKILL)
+                self.killed = True
+            if self.returncode is not None:
+                rest = self.tree()
+                if not rest:
+                    break
+                if not self.reason:  # a normal end with processes left behind (daemons, background jobs)
+                    self.log.line("lockstep", "the command ended; stopping %d process(es) it left running"
+                                  % len(rest))
+                    self.request_stop("leftover")
+                elif self.killed and now - self.stop_at >= self.grace + 10:
+                    break  # unkillable (D state): do not hold the machine for them
+            time.sleep(self.POLL_S)
         for t in self.pumps:
             t.join(timeout=10)
-        return code
+        assert self.returncode is not None
+        return self.returncode
 
 
 def exit_code_of(returncode: int) -> int:
@@ -412,72 +908,196 @@ def exit_code_of(returncode: int) -> int:
 # --------------------------------------------------------------------------- status and end
 
 
-def write_status(manifest: dict, rank: int, status: dict) -> None:
+def _atomic_write(path: str, body: bytes) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(body)
+    os.replace(tmp, path)
+
+
+def write_status(manifest: dict, rank: int, status: dict, deadline: float) -> bool:
+    """The status to the status directory and its URL; True when it reached at least one of them."""
     body = json.dumps(status, sort_keys=True).encode()
     logs = manifest.get("logs") or {}
+    done = False
     status_dir = logs.get("status_dir")
     if status_dir:
-        os.makedirs(status_dir, exist_ok=True)
-        tmp = os.path.join(status_dir, f".status-{rank}.json.tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(body)
-        os.replace(tmp, os.path.join(status_dir, f"status-{rank}.json"))
+        try:
+            FAULTS.check("status_write")
+            os.makedirs(status_dir, exist_ok=True)
+            _atomic_write(os.path.join(status_dir, "status-%d.json" % rank), body)
+            done = True
+        except Exception as exc:
+            note("status not written to %s: %s: %s" % (status_dir, type(exc).__name__, exc))
     url = (logs.get("status_put_urls") or {}).get(str(rank))
     if url:
         try:
-            put(url, body, "application/json")
+            FAULTS.check("status_put")
+            put(url, body, "application/json", deadline=deadline, attempts=4, timeout=15.0)
+            done = True
         except Exception as exc:
-            sys.stderr.write(f"lockstep-run: status upload failed: {type(exc).__name__}\n")
+            note("status upload failed: %s" % type(exc).__name__)
+    return done
 
 
-def shut_down(manifest: dict) -> None:
+def _run_quietly(argv: List[str], timeout: float) -> str:
+    """Run one end-of-job command; "" when it succeeded, else why not."""
+    try:
+        FAULTS.check("shutdown")
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=timeout)
+    except Exception as exc:
+        return "%s: %s" % (type(exc).__name__, exc)
+    if proc.returncode != 0:
+        return "exit code %d: %s" % (proc.returncode, proc.stdout.decode("utf-8", "replace").strip()[-300:])
+    return ""
+
+
+def shut_down(manifest: dict, say: Callable[[str], None]) -> bool:
+    """The manifest's ``shutdown``, retried; then each of ``shutdown_fallbacks``; then sysrq (``o``: power off)
+    where the manifest allows it and the kernel does. True once one of them succeeded."""
     argv = manifest.get("shutdown")
-    if argv:
-        sys.stdout.flush()
-        subprocess.run(list(argv), check=False)
+    if not argv:
+        return True
+    attempts = int(manifest.get("shutdown_attempts") or SHUTDOWN_ATTEMPTS)
+    timeout = float(manifest.get("shutdown_timeout_s") or SHUTDOWN_TIMEOUT_S)
+    pause = float(manifest.get("shutdown_retry_s", 1.0))  # before try n+1: n times this, 5 s at most
+    for attempt in range(1, attempts + 1):
+        why = _run_quietly([str(a) for a in argv], timeout)
+        if not why:
+            return True
+        say("shutdown (%s) failed, try %d of %d: %s" % (" ".join(argv), attempt, attempts, why))
+        if attempt < attempts:
+            time.sleep(min(5.0, pause * attempt))
+    for fallback in manifest.get("shutdown_fallbacks") or []:
+        why = _run_quietly([str(a) for a in fallback], timeout)
+        if not why:
+            say("shutdown fell back to %s" % " ".join(fallback))
+            return True
+        say("shutdown fallback (%s) failed: %s" % (" ".join(fallback), why))
+    if manifest.get("shutdown_sysrq"):
+        try:
+            with open("/proc/sys/kernel/sysrq", "w") as fh:
+                fh.write("1")
+            with open("/proc/sysrq-trigger", "w") as fh:
+                fh.write("o")
+            return True
+        except Exception as exc:
+            say("sysrq power-off refused: %s" % exc)
+    return False
 
 
-def main(argv: list[str] | None = None, environ: dict | None = None) -> int:
+def _mark(environ: dict, what: str) -> None:
+    """Tell the boot script how far the end got (it shuts the machine down itself when the wrapper did not)."""
+    path = environ.get(END_MARK_VAR)
+    if path:
+        try:
+            with open(path, "a") as fh:
+                fh.write(what + "\n")
+        except Exception as exc:
+            note("end mark not written: %s" % exc)
+
+
+def _max_rss_kb() -> int:
+    """The wrapper's peak memory: VmHWM (this program's own; getrusage's maxrss also counts the process it
+    was exec'd from), else getrusage."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except Exception:
+        pass
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    except Exception:
+        return 0
+
+
+class Job:
+    """One run of the wrapper: what the signal handlers, the run and the end share."""
+
+    def __init__(self) -> None:
+        self.signals = []  # type: List[int]
+        self.runner = None  # type: Optional[Runner]
+        self.log = None  # type: Optional[Log]
+
+    def on_signal(self, signum: int, _frame: Any) -> None:
+        self.signals.append(signum)
+        runner = self.runner
+        if runner is None:
+            return  # before the command: the run stops at its next step (stopped())
+        if signal.Signals(signum).name in STOPPING:
+            runner.request_stop("signal", signum)
+        else:
+            runner.send(signum)
+
+    def stopped(self) -> bool:
+        return any(signal.Signals(s).name in STOPPING for s in self.signals)
+
+    def install(self) -> None:
+        for name in SIGNALS:
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), self.on_signal)
+        self.signals.extend(EARLY_SIGNALS)  # those that came while the wrapper was loading
+
+
+def main(argv: Optional[List[str]] = None, environ: Optional[dict] = None) -> int:
+    job = Job()
+    job.install()  # first: a signal during the rendezvous must still end with a status and the shutdown
     argv = sys.argv if argv is None else argv
     environ = dict(os.environ if environ is None else environ)
-    manifest = load_manifest(argv, environ)
     started = log_time()
-    job_env = {k: str(v) for k, v in (manifest.get("env") or {}).items()}
-    secrets = {k: str(v) for k, v in (manifest.get("secrets") or {}).items()}
-    manifest.setdefault("workdir", os.path.join(environ.get("TMPDIR", "/tmp"),
-                                                f"lockstep-{job_env.get('LOCKSTEP_JOB_ID', 'job')}"))
-    workdir = manifest["workdir"]
-    os.makedirs(workdir, exist_ok=True)
+    manifest = {}  # type: Dict[str, Any]
+    code, reason, failure = WRAPPER_FAILED, "error", ""
+    rank = rank_hint(environ)
+    log = None  # type: Optional[Log]
+    heartbeat = None  # type: Optional[Heartbeat]
     try:
-        rdzv = rendezvous(manifest, environ)
-    except (WrapperError, OSError, ValueError) as exc:  # no rank: report as rank 0's failure so the broker hears of it
-        rdzv, failure = {"LOCKSTEP_NODE_RANK": "0"}, str(exc)
-    else:
-        failure = ""
-    rank = int(rdzv["LOCKSTEP_NODE_RANK"])
-    log = Log(manifest, list(secrets.values()), rank)
-    log.start()
-    runner = None
-    terminated = []
-
-    def on_term(signum, _frame) -> None:  # preemption, scancel, spot interruption
-        terminated.append(signum)
-        if runner is not None:
-            runner.request_stop("signal")
-
-    signal.signal(signal.SIGTERM, on_term)
-    code, reason = WRAPPER_FAILED, "error"
-    try:
+        try:
+            manifest = load_manifest(argv, environ)
+            if not isinstance(manifest, dict) or not manifest.get("command"):
+                raise WrapperError("lockstep-run: the manifest has no command")
+        except Exception as exc:
+            failure = "could not read the manifest: %s: %s" % (type(exc).__name__, exc)
+            manifest = manifest if isinstance(manifest, dict) else {}
+        job_env = {str(k): str(v) for k, v in (manifest.get("env") or {}).items()}
+        secrets = {str(k): str(v) for k, v in (manifest.get("secrets") or {}).items()}
+        manifest.setdefault("workdir", os.path.join(environ.get("TMPDIR", "/tmp"),
+                                                    "lockstep-%s" % job_env.get("LOCKSTEP_JOB_ID", "job")))
+        workdir = manifest["workdir"]
+        nonce = str(manifest.get("exit_nonce") or environ.get(NONCE_VAR) or "")
+        rdzv = {}  # type: Dict[str, str]
+        if not failure:
+            try:
+                FAULTS.check("mkdir")
+                os.makedirs(workdir, exist_ok=True)
+                # No log and no heartbeat before the rendezvous: on a peer list the rank (which names both) is
+                # not known yet; the broker allows the rendezvous's wait before it expects a heartbeat.
+                rdzv = rendezvous(manifest, environ, job.stopped)
+                rank = int(rdzv["LOCKSTEP_NODE_RANK"])
+            except Exception as exc:
+                failure = str(exc) if isinstance(exc, WrapperError) else "rendezvous failed: %s: %s" % (
+                    type(exc).__name__, exc)
+        log = Log(manifest, list(secrets.values()), rank, nonce)
+        heartbeat = Heartbeat(manifest, log, rank)
+        heartbeat.start()
+        job.log = log
+        log.start()
         if failure:
-            raise RuntimeError(failure)
+            raise WrapperError(failure)
+        heartbeat.tick("preparing")
         env = dict(environ)
-        env.pop("LOCKSTEP_MANIFEST", None)
+        for name in ("LOCKSTEP_MANIFEST", "LOCKSTEP_TEST_FAULTS", NONCE_VAR, END_MARK_VAR):
+            env.pop(name, None)
         env.update(job_env)
         env.update(rdzv)
         env["LOCKSTEP_WORKDIR"] = workdir
         if manifest.get("files"):
             n = unpack_files(manifest["files"], workdir)
-            log.line("lockstep", f"unpacked {n} file(s) into {workdir}")
+            log.line("lockstep", "unpacked %d file(s) into %s" % (n, workdir))
         env.update(fetch_data(manifest.get("data") or {}, workdir))
         if manifest.get("checkpoint_dir"):
             os.makedirs(manifest["checkpoint_dir"], exist_ok=True)
@@ -491,27 +1111,92 @@ def main(argv: list[str] | None = None, environ: dict | None = None) -> int:
             env.pop(password_env, None)
             names = [n for n in names if n != password_env]
         cmd = command_argv(manifest, names)
-        log.line("lockstep", f"node {rank} of {rdzv['LOCKSTEP_NUM_NODES']} (head {rdzv['LOCKSTEP_HEAD_ADDR']}): "
-                             f"starting {shlex.join(cmd[:1])}")
-        runner = Runner(cmd, env, workdir, log, float(manifest.get("grace_s", 30)))
-        if terminated:  # the signal came while the command was starting
+        if job.stopped():
+            raise WrapperError("lockstep-run: stopped by a signal before the command started")
+        become_subreaper()
+        log.line("lockstep", "node %d of %s (head %s): starting %s" % (
+            rank, rdzv["LOCKSTEP_NUM_NODES"], rdzv["LOCKSTEP_HEAD_ADDR"], shlex.quote(cmd[0])))
+        heartbeat.tick("running")
+        runner = Runner(cmd, env, workdir, log, float(manifest.get("grace_s", 30)), heartbeat)
+        job.runner = runner
+        if job.stopped():  # the signal came while the command was starting
             runner.request_stop("signal")
         max_duration = manifest.get("max_duration_s")
         returncode = runner.wait(float(max_duration) if max_duration else None)
         if runner.reason == "signal":
             log.line("lockstep", "the command was stopped by a signal to the job (preemption or cancel)")
         code = exit_code_of(returncode)
-        reason = runner.reason or "exited"
-    except Exception as exc:  # the wrapper's own failure still ends with a status
-        log.line("lockstep", f"could not run the command: {type(exc).__name__}: {exc}")
-    status = {"exit_code": code, "reason": reason, "rank": rank, "host": socket.gethostname(),
-              "started_at": started, "ended_at": log_time(), "last_lines": log.tail[-10:]}
-    log.line("lockstep", f"command ended: exit code {code} ({reason})")
-    log.close()
-    write_status(manifest, rank, status)
-    sys.stdout.write(EXIT_MARKER + json.dumps(status, sort_keys=True) + "\n")
-    sys.stdout.flush()
-    shut_down(manifest)
+        reason = runner.reason if runner.reason in ("signal", "max_duration") else "exited"
+    except BaseException as exc:  # the wrapper's own failure still ends with a status and the shutdown
+        why = str(exc) if isinstance(exc, WrapperError) else "%s: %s" % (type(exc).__name__, exc)
+        if log is not None:
+            log.line("lockstep", "could not run the command: " + why)
+        else:
+            note("could not run the command: " + why)
+        if job.runner is not None:  # a crash while it ran: stop the command, as a normal end would
+            try:
+                job.runner.send(signal.SIGKILL)
+            except Exception:
+                pass
+        stops = [sg for sg in job.signals if signal.Signals(sg).name in STOPPING]
+        if stops and job.runner is None:  # stopped before the command started (preemption during the rendezvous)
+            code, reason = 128 + stops[0], "signal"
+    finally:
+        code = finish(manifest, environ, job, log, heartbeat, rank, code, reason, started)
+    return code
+
+
+def finish(manifest: dict, environ: dict, job: Job, log: Optional[Log], heartbeat: Optional[Heartbeat], rank: int,
+           code: int, reason: str, started: str) -> int:
+    """The end that nothing skips: status (first), the last log part, the exit line, the shutdown."""
+    deadline = time.monotonic() + float(manifest.get("end_upload_s") or END_UPLOAD_BUDGET_S)
+
+    def say(text: str) -> None:
+        if log is not None:
+            log.line("lockstep", text)
+        else:
+            note(text)
+
+    try:
+        if heartbeat is not None:
+            heartbeat.tick("ending")
+        tail = list(log.tail)[-10:] if log is not None else []
+        status = {"exit_code": code, "reason": reason, "rank": rank, "host": socket.gethostname(),
+                  "started_at": started, "ended_at": log_time(), "last_lines": tail,
+                  "wrapper": {"max_rss_kb": _max_rss_kb(), "signals": [int(s) for s in job.signals],
+                              "errors": dict(log.errors) if log is not None else {}}}
+        if write_status(manifest, rank, status, deadline):  # first: the broker ends the job on it
+            _mark(environ, "status")
+        say("command ended: exit code %d (%s)" % (code, reason))
+        if log is not None:
+            log.close(deadline)
+        nonce = str(manifest.get("exit_nonce") or environ.get(NONCE_VAR) or "")
+        line = EXIT_MARKER + (nonce + " " if nonce else "") + json.dumps(status, sort_keys=True)
+        printed = False
+        if log is not None:
+            printed = log.raw_stdout(line)
+        else:
+            try:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+                printed = True
+            except Exception:
+                note("the exit line could not be written")
+        if printed:  # else the boot script prints one (Vast)
+            _mark(environ, "exit-line")
+    except BaseException as exc:
+        note("the end failed before the shutdown: %s: %s" % (type(exc).__name__, exc))
+    finally:
+        if heartbeat is not None:
+            heartbeat.stop.set()
+        try:
+            if shut_down(manifest, say):
+                if manifest.get("shutdown"):
+                    _mark(environ, "shutdown")
+            else:
+                note("every way to shut the machine down failed; the broker releases it when the heartbeat stops")
+        except BaseException as exc:
+            note("shutdown failed: %s: %s" % (type(exc).__name__, exc))
     return code
 
 

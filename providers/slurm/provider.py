@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
+from datetime import datetime
 
 import providers.slurm.api as api
 from broker.config import SlurmConfig
 from broker.errors import BadRequestError, CapacityError, TransientError
 from broker.models import Allocation, AllocationState, AllocationStatus, ExitReason, JobExit, Market, Offer
 from providers.base import JOB_TAG, OWNER_TAG, TENANT_TAG, LaunchRequest, OfferQuery
-from providers.capabilities import DrainsNodes, HasJobLogs, NodeUsage, RunsBurnIn
+from providers.capabilities import DrainsNodes, HasHeartbeat, HasJobLogs, NodeUsage, RunsBurnIn
 from providers.runtime.logs import job_exit
 from providers.slurm.client import SlurmClient
 from providers.slurm.offers import OfferBuilder, node_usage
@@ -62,7 +63,7 @@ _FAILED_STATES = frozenset(
 _REQUEUED_FLAGS = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
 
 
-class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs):
+class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat):
     """Slurm via slurmrestd. Thin: translate, call, normalise, map errors."""
 
     name = PROVIDER
@@ -267,6 +268,10 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs):
     async def job_log(self, alloc: Allocation, *, rank: int = 0) -> str:
         """The node's log from the shared job directory ('' before its wrapper started)."""
         return await self.files.log(self._where(alloc), rank)
+
+    async def heartbeat(self, alloc: Allocation, *, rank: int = 0) -> datetime | None:
+        """Node ``rank``'s last heartbeat in the shared job directory."""
+        return await self.files.heartbeat(self._where(alloc), rank)
 
     async def release(self, alloc: Allocation) -> None:
         job_id = self._job_id(alloc)

@@ -10,6 +10,7 @@ broker and every node see; on a one-host cluster any local directory)::
                                                                                        ends, and at release
         a<attempt>/log-<rank>.txt      each node's time-stamped, masked log           wrapper writes, broker reads
         a<attempt>/status-<rank>.json  each node's exit status                        wrapper writes, broker reads
+        a<attempt>/heartbeat-<rank>.json  each node's wrapper, alive (every 30 s)     wrapper writes, broker reads
         a<attempt>/slurm.out           the batch step's own output (srun's messages)  Slurm writes
         checkpoints/                   LOCKSTEP_CHECKPOINT_DIR of every attempt (unless the spec names one)
 
@@ -31,13 +32,14 @@ import math
 import os
 import shlex
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from broker.config import SlurmConfig
 from broker.errors import BadRequestError
 from broker.models import ExitReason, JobExit
-from providers.runtime.logs import parse_log, parse_status
+from providers.runtime.logs import parse_heartbeat, parse_log, parse_status
 from providers.runtime.manifest import RunRequest, build_manifest, wrapper_source
 from providers.runtime.wrapper import WRAPPER_FAILED
 
@@ -85,6 +87,9 @@ class AttemptDir:
     def status(self, rank: int) -> Path:
         return self.path / f"status-{rank}.json"
 
+    def heartbeat(self, rank: int) -> Path:
+        return self.path / f"heartbeat-{rank}.json"
+
 
 def _safe(name: str) -> str:
     """A path component: no separators, no leading dots."""
@@ -125,8 +130,13 @@ def srun_argv(where: AttemptDir, *, image: str | None, container_runtime: str, p
         argv += [f"--container-image={pyxis_image(image)}", f"--container-mounts={mount}:{mount}"]
     # Each node's working directory (where the job's files are unpacked) is its own, even when nodes share
     # /tmp (one host): the wrapper's default workdir lies under TMPDIR.
+    # A python3 older than 3.6 (the wrapper's oldest) is refused with one clear line; Slurm ends the job.
+    py = shlex.quote(python)
     inner = ('export TMPDIR="${TMPDIR:-/tmp}/lockstep-${SLURM_JOB_ID}-n${SLURM_NODEID}"; mkdir -p "$TMPDIR"; '
-             f'exec {shlex.quote(python)} {shlex.quote(str(where.wrapper))} {shlex.quote(str(where.manifest))}')
+             f"{py} -c 'import sys; sys.exit(sys.version_info < (3, 6))' || "
+             f'{{ echo "lockstep-run: {python} is missing or older than 3.6, which the wrapper needs" >&2; '
+             f"exit {WRAPPER_FAILED}; }}; "
+             f'exec {py} {shlex.quote(str(where.wrapper))} {shlex.quote(str(where.manifest))}')
     return [*argv, "sh", "-c", inner]
 
 
@@ -243,6 +253,10 @@ class JobFiles:
 
     async def log(self, where: AttemptDir, rank: int) -> str:
         return await asyncio.to_thread(self._read, where.log(rank))
+
+    async def heartbeat(self, where: AttemptDir, rank: int) -> datetime | None:
+        """When a node's wrapper last said it was alive (None: not yet; see ``wrapper_silent``)."""
+        return parse_heartbeat(await asyncio.to_thread(self._read, where.heartbeat(rank)))
 
     async def batch_output(self, where: AttemptDir) -> str:
         return await asyncio.to_thread(self._read, where.batch_output)

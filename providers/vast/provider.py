@@ -40,6 +40,7 @@ from broker.models import (
 )
 from providers.base import LaunchRequest, OfferQuery
 from providers.capabilities import AssemblesNodes, HasJobLogs
+from providers.runtime.manifest import exit_nonce
 from providers.vast.client import VastClient
 from providers.vast.errors import GONE_CODES, PROVIDER, Refused
 from providers.vast.offers import country_of, normalise, num, search_query, wanted_markets
@@ -257,19 +258,19 @@ class VastProvider(HasJobLogs, AssemblesNodes):
         # The container has exited: how its command ended is the last line of its log.
         log = await self.client.instance_log(iid, tail=self.config.log_tail_lines)
         self._keep_final_log(iid, log)
-        end = node_exit(log, str(inst.get("status_msg") or ""))
+        end = node_exit(log, str(inst.get("status_msg") or ""), exit_nonce(alloc.job_id, alloc.attempt))
         if state is AllocationState.preempted and end.reason in (ExitReason.signal, ExitReason.error):
             return AllocationStatus(state=state, reason=reason, hosts=hosts)  # outbid: the TERM was Vast's
         return AllocationStatus(state=AllocationState.succeeded if end.succeeded else AllocationState.failed,
                                 reason=end.describe(), hosts=hosts, exit=end)
 
-    async def _node_end(self, iid: str, inst: dict[str, Any]) -> JobExit:
+    async def _node_end(self, iid: str, inst: dict[str, Any], nonce: str) -> JobExit:
         """How an exited machine's command ended (its log read once, then kept)."""
         text = self._final_logs.get(iid)
         if text is None:
             text = await self.client.instance_log(iid, tail=self.config.log_tail_lines)
             self._keep_final_log(iid, text)
-        return node_exit(text, str(inst.get("status_msg") or ""))
+        return node_exit(text, str(inst.get("status_msg") or ""), nonce)
 
     async def _poll_machines(self, alloc: Allocation) -> AllocationStatus:
         """Several machines as one allocation: one gone → released (the job is requeued and the rest
@@ -288,7 +289,7 @@ class VastProvider(HasJobLogs, AssemblesNodes):
             assert inst is not None
             state, reason = map_instance_state(inst)
             if str(inst.get("actual_status") or "").lower() == "exited":
-                end = await self._node_end(iid, inst)
+                end = await self._node_end(iid, inst, exit_nonce(alloc.job_id, alloc.attempt))
                 if state is AllocationState.preempted and end.reason in (ExitReason.signal, ExitReason.error):
                     return AllocationStatus(state=state, reason=f"rank {rank}: {reason}", hosts=hosts)
                 if not end.succeeded:

@@ -19,8 +19,15 @@ from typing import Any
 
 from broker.models import ExitReason, JobExit
 from providers.runtime.logs import exit_from_log, parse_log
-from providers.runtime.manifest import REGISTRY_PASSWORD_VAR, RunRequest, build_manifest, encode_blob, wrapper_source
-from providers.runtime.wrapper import EXIT_MARKER, WRAPPER_FAILED
+from providers.runtime.manifest import (
+    REGISTRY_PASSWORD_VAR,
+    RunRequest,
+    build_manifest,
+    encode_blob,
+    exit_nonce,
+    wrapper_source,
+)
+from providers.runtime.wrapper import END_MARK_VAR, EXIT_MARKER, NONCE_VAR, WRAPPER_FAILED
 
 
 def _sh_quoted(text: str) -> str:
@@ -36,19 +43,45 @@ PARTS_VAR = "LOCKSTEP_MANIFEST_PARTS"
 ENV_CHUNK = 64 * 1024
 ENTRYPOINT = "sh"
 NO_PYTHON = ("this image has no python3, which Lockstep's run-time wrapper needs (docs/vast.md): "
-             "use an image with Python 3.8 or later")
+             "use an image with Python 3.6 or later")
 
-# The entrypoint's script: say clearly when the image cannot run the wrapper, else hand over to python3.
-# $1 is the Python bootstrap below (an argument of its own: no quoting of one language inside another).
-_NO_PYTHON_EXIT = EXIT_MARKER + json.dumps({"exit_code": WRAPPER_FAILED, "reason": "error", "rank": 0,
-                                            "last_lines": [NO_PYTHON]})
+# The entrypoint's script: say clearly when the image cannot run the wrapper (no python3, one older than 3.6),
+# else run python3 — not exec'd: this shell stays PID 1, passes the signals Vast and docker send on to the
+# wrapper (a PID 1 without a handler would drop them), and prints the exit line itself when the wrapper died
+# before its own (its end mark says how far it got). $1 is the Python bootstrap below (an argument of its
+# own: no quoting of one language inside another).
+def _exit_line(why: str, code: str) -> str:
+    """An ``echo`` of an exit line, for the shell (it expands the nonce, the rank and ``code``)."""
+    assert not set('"$`\\') & set(why), why  # plain text only: it goes inside double quotes
+    doc = json.dumps({"exit_code": "@CODE@", "reason": "error", "rank": "@RANK@", "last_lines": [why]})
+    doc = doc.replace('"@CODE@"', code).replace('"@RANK@"', "${LOCKSTEP_NODE_RANK:-0}")
+    return f'echo "{EXIT_MARKER}${{{NONCE_VAR}}} ' + doc.replace('"', '\\"') + '"'
+
+
+_DIED = "the wrapper ended without its exit status (killed, or out of memory)"
+_OLD_PYTHON = "this image's python3 is older than 3.6, which Lockstep's run-time wrapper needs (docs/vast.md)"
 BOOT_SH = (
     "if ! command -v python3 >/dev/null 2>&1; then\n"
     f"  echo 'lockstep-run: {_sh_quoted(NO_PYTHON)}'\n"
-    f"  echo '{_sh_quoted(_NO_PYTHON_EXIT)}'\n"
+    f"  {_exit_line(NO_PYTHON, str(WRAPPER_FAILED))}\n"
     f"  exit {WRAPPER_FAILED}\n"
     "fi\n"
-    'exec python3 -c "$1"\n'
+    "if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 6))'; then\n"
+    f"  echo 'lockstep-run: {_sh_quoted(_OLD_PYTHON)}'\n"
+    f"  {_exit_line(_OLD_PYTHON, str(WRAPPER_FAILED))}\n"
+    f"  exit {WRAPPER_FAILED}\n"
+    "fi\n"
+    f'M="${{TMPDIR:-/tmp}}/lockstep-end.$$"; rm -f "$M"; export {END_MARK_VAR}="$M"\n'
+    'python3 -c "$1" &\n'
+    "pid=$!\n"
+    "for s in TERM INT HUP USR1 USR2; do trap \"kill -$s $pid 2>/dev/null\" $s; done\n"
+    # wait returns early when a trapped signal comes: wait again until the wrapper is gone.
+    'while :; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || break; done\n'
+    'if ! grep -qx exit-line "$M" 2>/dev/null; then\n'
+    f"  echo 'lockstep-run: {_sh_quoted(_DIED)}'\n"
+    f"  {_exit_line(_DIED, '$rc')}\n"
+    "fi\n"
+    'exit "$rc"\n'
 )
 # Joins a split manifest, takes the wrapper out of the environment (the command does not see either) and
 # runs it as the main program: it reads its manifest from LOCKSTEP_MANIFEST.
@@ -71,7 +104,7 @@ def node_manifest(run: RunRequest, *, rendezvous: Mapping[str, Any]) -> dict[str
     (``image_login``), not the command's."""
     secrets = {k: v for k, v in run.secrets.items() if k != REGISTRY_PASSWORD_VAR}
     return build_manifest(run.model_copy(update={"secrets": secrets}), rendezvous=rendezvous,
-                          logs={"stdout": True})
+                          logs={"stdout": True, "heartbeat_stdout": True})
 
 
 def single_node() -> dict[str, Any]:
@@ -91,7 +124,7 @@ def node_env(run: RunRequest, manifest: Mapping[str, Any]) -> dict[str, str]:
     """The create body's ``env``: the wrapper and the manifest (split when large), plus the job's id and
     attempt in the clear (they show in Vast's console beside the label)."""
     env = {"LOCKSTEP_JOB_ID": run.job_id, "LOCKSTEP_ATTEMPT": str(run.attempt),
-           WRAPPER_VAR: encode_blob(wrapper_source())}
+           WRAPPER_VAR: encode_blob(wrapper_source()), NONCE_VAR: exit_nonce(run.job_id, run.attempt)}
     blob = encode_blob(manifest)
     if len(blob) <= ENV_CHUNK:
         env[MANIFEST_VAR] = blob
@@ -112,11 +145,11 @@ def image_login(run: RunRequest) -> str | None:
     return f"-u {run.registry.username} -p {password.get_secret_value()} {run.registry.server}"
 
 
-def node_exit(log: str, status_msg: str = "") -> JobExit:
-    """How a machine's command ended, from its container's log: the wrapper's ``LOCKSTEP-EXIT`` line, else
-    (a container that ended without one: no python3, a wrapper killed, an image that failed to start) a
-    failure saying so, with the log's last lines."""
-    found = exit_from_log(log)
+def node_exit(log: str, status_msg: str = "", nonce: str = "") -> JobExit:
+    """How a machine's command ended, from its container's log: the wrapper's ``LOCKSTEP-EXIT <nonce>`` line
+    (``nonce``: :func:`~providers.runtime.manifest.exit_nonce` of the attempt), else (a container that ended
+    without one: an image that failed to start) a failure saying so, with the log's last lines."""
+    found = exit_from_log(log, nonce)
     if found is not None:
         return found
     last = [ln.text for ln in parse_log(log)][-9:]

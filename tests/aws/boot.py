@@ -163,6 +163,14 @@ if {terminates!r}:
 '''
 
 
+POWEROFF_SHIM = '''#!{python}
+"""poweroff -f, the boot script's and the wrapper's fallback: noted, never the host's own."""
+import json, sys
+with open({calls!r}, "a") as fh:
+    fh.write(json.dumps(["poweroff", *sys.argv[1:]]) + "\\n")
+'''
+
+
 def user_data_of(endpoint: str, instance_id: str) -> str:
     """The user data moto keeps for an instance, decoded."""
     value = ec2_client(endpoint).describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
@@ -190,7 +198,8 @@ class Node:
         for name, text in (("docker", DOCKER_SHIM.format(python=sys.executable, calls=str(self.calls_file))),
                            ("shutdown", SHUTDOWN_SHIM.format(python=sys.executable, calls=str(self.calls_file),
                                                              terminates=shutdown_terminates, endpoint=endpoint,
-                                                             instance=instance_id))):
+                                                             instance=instance_id)),
+                           ("poweroff", POWEROFF_SHIM.format(python=sys.executable, calls=str(self.calls_file)))):
             path = self.bin / name
             path.write_text(text)
             path.chmod(0o755)
@@ -202,11 +211,11 @@ class Node:
         path = os.pathsep.join([str(self.bin), os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin",
                                 "/usr/sbin", "/sbin"])
         return {"PATH": path, "HOME": "/root", "LANG": "C.UTF-8", "LOCKSTEP_DIR": str(self.work),
-                "LOCKSTEP_IMDS_URL": self.imds_url}
+                "LOCKSTEP_IMDS_URL": self.imds_url, "LOCKSTEP_SYSRQ": "0"}
 
     async def start(self) -> None:
         env = self.env()
-        for program in ("docker", "shutdown"):  # never the host's own
+        for program in ("docker", "shutdown", "poweroff"):  # never the host's own
             assert shutil.which(program, path=env["PATH"]) == str(self.bin / program)
         with self.output.open("wb") as out:  # a local file, opened once: the console's log
             self.proc = await asyncio.create_subprocess_exec("bash", str(self.script), env=env, cwd=self.dir,
@@ -226,7 +235,8 @@ class Node:
         return self.exit_code
 
     def terminate_wrapper(self) -> None:
-        """SIGTERM to the wrapper (the boot script exec'd it), as systemd sends when the machine goes down."""
+        """SIGTERM to the boot script, which passes it on to the wrapper, as systemd sends when the machine goes
+        down."""
         assert self.proc is not None
         os.kill(self.proc.pid, signal.SIGTERM)
 

@@ -242,3 +242,20 @@ def test_upload_urls_live_for_the_run_and_at_most_seven_days() -> None:
     assert upload_ttl_s(run_request(job(command="x", max_duration="2h")), config) == 3600 + 900 + 7200 + 2 + 3600
     assert upload_ttl_s(run_request(job(command="x")), config) == MAX_PRESIGN_S
     assert upload_ttl_s(run_request(job(command="x", max_duration="30d")), config) == MAX_PRESIGN_S
+
+
+async def test_a_long_log_goes_up_in_parts_and_reads_back_whole_with_a_heartbeat(
+    run_aws: AwsProvider, aws_moto: str, tmp_path: Path
+) -> None:
+    """Issue 27: the log of more than one part (1 MiB each) is read back in order from its parts; the wrapper's
+    heartbeat reached the bucket."""
+    offer = await a10g(run_aws)
+    alloc = await run_aws.launch(request(offer, "seq 1 60000"))
+    assert await run_aws.heartbeat(alloc) is None  # nothing yet
+    node = await boot_one(alloc, aws_moto, tmp_path)
+    assert node.exit_code == 0, node.console()
+    where = RunLocation.of(run_aws.config, INSTALLATION, "job-rt", 1)
+    assert s3_text(aws_moto, where.log(0, 1)) is not None  # a second part
+    lines = [ln.text for ln in parse_log(await run_aws.job_log(alloc)) if ln.stream == "out"]
+    assert lines == [str(n) for n in range(1, 60001)]
+    assert await run_aws.heartbeat(alloc) is not None

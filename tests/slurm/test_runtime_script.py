@@ -16,7 +16,7 @@ from broker.errors import BadRequestError
 from broker.models import ExitReason, JobSpec, Locality, Offer, Workload
 from providers.base import LaunchRequest
 from providers.runtime.manifest import RunRequest
-from providers.runtime.wrapper import command_argv
+from providers.runtime.wrapper import CONTAINER_SHELL, command_argv
 from providers.slurm import SlurmProvider
 from providers.slurm.runtime import (
     AttemptDir,
@@ -81,7 +81,7 @@ def test_apptainer_runs_the_wrapper_on_the_host_and_the_command_in_apptainer_exe
     manifest = slurm_manifest(run(image=IMAGE), WHERE, "apptainer")
     assert manifest["container"] == {"runtime": "apptainer", "image": IMAGE}
     assert command_argv({**manifest, "workdir": "/tmp/w"}, []) == [
-        "apptainer", "exec", "--nv", "--pwd", "/tmp/w", "--bind", "/tmp/w", f"docker://{IMAGE}", "sh", "-c",
+        "apptainer", "exec", "--nv", "--pwd", "/tmp/w", "--bind", "/tmp/w", f"docker://{IMAGE}", *CONTAINER_SHELL,
         "python3 train.py"]
 
 

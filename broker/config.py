@@ -59,9 +59,6 @@ from pydantic_settings import (
 from broker.errors import LockstepError, SpecError
 from broker.logconfig import register_secrets
 from broker.yamlload import duplicate_paths
-from policies.health import HealthThresholds
-
-_HEALTH = HealthThresholds()
 
 
 def default_db_url() -> str:
@@ -134,6 +131,21 @@ def _secret_http_url(value: SecretStr | None) -> SecretStr | None:
     return value
 
 
+def secret(file: str, env: str, *, credential: bool = False, **kw: Any) -> Any:
+    """A secret setting, declared where it is defined: ``file`` is the sibling ``*_file`` key that reads it from a
+    mounted secret, ``env`` the environment variable that sets it (a short alias); ``credential``: the
+    market's credential (enabled without one of them is a mistake ``config check`` and ``serve`` refuse).
+    ``SECRETS``, ``ALIASES``, ``CREDENTIALS`` and the log redactor's list are derived from these marks."""
+    return Field(default=None, json_schema_extra={"lockstep_secret": {"file": file, "env": env,
+                                                                      "credential": credential}}, **kw)
+
+
+def alias(env: str, default: Any) -> Any:
+    """A setting with a short environment name (``LOCKSTEP_VAST_URL``): setting it also enables the section's
+    market, unless the file or ``LOCKSTEP_<SECTION>__ENABLED`` says otherwise."""
+    return Field(default=default, json_schema_extra={"lockstep_alias": env})
+
+
 class _Section(BaseModel):
     """A configuration section: a key it does not know is a mistake, not something to ignore; a number that is
     not finite is one too."""
@@ -167,9 +179,9 @@ class OwnedCost(_Section):
 
 class SlurmConfig(_Section):
     enabled: bool = False
-    url: HttpUrl = "http://127.0.0.1:6820"
-    user: str = "root"
-    token: SecretStr | None = None
+    url: HttpUrl = alias("LOCKSTEP_SLURM_URL", "http://127.0.0.1:6820")
+    user: str = alias("LOCKSTEP_SLURM_USER", "root")
+    token: SecretStr | None = secret("token_file", "LOCKSTEP_SLURM_TOKEN", credential=True)
     token_file: str | None = None  # re-read when it changes: a sidecar may rotate it
     api_version: str | None = None  # pin (e.g. "v0.0.40"); default: what the server advertises
     timeout_s: Seconds = 10.0
@@ -208,7 +220,7 @@ class AwsConfig(_Section):
     enabled: bool = False
     # The regions scanned, or "all": every region the account has enabled (DescribeRegions, opted-in only).
     regions: list[str] | Literal["all"] = Field(default_factory=lambda: ["us-east-1", "us-west-2"])
-    endpoint_url: HttpUrl | None = None  # moto in tests, VPC endpoints in production
+    endpoint_url: HttpUrl | None = alias("LOCKSTEP_AWS_ENDPOINT_URL", None)  # moto in tests, VPC endpoints
     profile: str | None = None
     region_timeout_s: Seconds = 20.0
     max_attempts: Attempts = 3
@@ -271,8 +283,8 @@ class AwsConfig(_Section):
 
 class VastConfig(_Section):
     enabled: bool = False
-    url: HttpUrl = "https://console.vast.ai"
-    api_key: SecretStr | None = None
+    url: HttpUrl = alias("LOCKSTEP_VAST_URL", "https://console.vast.ai")
+    api_key: SecretStr | None = secret("api_key_file", "LOCKSTEP_VAST_API_KEY", credential=True)
     api_key_file: str | None = None  # a mounted secret holding the key; read when the settings load
     timeout_s: Seconds = 15.0
     max_attempts: Attempts = 5
@@ -335,7 +347,8 @@ class TrackerConfig(_Section):
     retention_days: int = Field(default=90, ge=1, le=36_500)
     compact_after_days: int = Field(default=7, ge=0, le=36_500)
     # often carries a token: never printed
-    webhook_url: Annotated[SecretStr | None, AfterValidator(_secret_http_url)] = None
+    webhook_url: Annotated[SecretStr | None, AfterValidator(_secret_http_url)] = secret(
+        "webhook_url_file", "LOCKSTEP_TRACKER__WEBHOOK_URL")
     webhook_url_file: str | None = None  # a mounted secret holding the URL; read when the settings load
 
     @model_validator(mode="after")
@@ -346,14 +359,15 @@ class TrackerConfig(_Section):
 
 
 class HealthConfig(_Section):
-    """The health gates' limits; defaults are policies.health.HealthThresholds' (one definition)."""
+    """The health gates' limits: policies.health.HealthThresholds' defaults (tests/foundation/test_settings_bounds.py
+    holds them equal; configuration does not import policies)."""
 
     # below 70% of datasheet → unhealthy
-    min_relative_tflops: float = Field(default=_HEALTH.min_relative_tflops, gt=0, le=10)
+    min_relative_tflops: float = Field(default=0.7, gt=0, le=10)
     max_allreduce_latency_us: dict[str, Annotated[float, Field(gt=0, le=1e9)]] = Field(
-        default_factory=lambda: dict(_HEALTH.max_allreduce_latency_us)
+        default_factory=lambda: {"infiniband": 5.0, "efa": 30.0, "roce": 15.0, "ethernet": 200.0}
     )
-    max_ecc_double_bit: int = Field(default=_HEALTH.max_ecc_double_bit, ge=0, le=1_000_000)
+    max_ecc_double_bit: int = Field(default=0, ge=0, le=1_000_000)
     # Where burn-in jobs leave their probe JSON for the broker to read: any directory on a single-host
     # cluster, a filesystem shared by the nodes and the broker on a real one. "" = <temp dir>/lockstep-burnin.
     burnin_results_dir: str = ""
@@ -421,7 +435,10 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
     )
 
-    db_url: str = Field(default_factory=default_db_url)
+    db_url: str = Field(default_factory=default_db_url,  # carries the password, if any
+                        json_schema_extra={"lockstep_secret": {"file": "db_url_file", "env": "LOCKSTEP_DB",
+                                                               "credential": False},
+                                           "lockstep_alias": "LOCKSTEP_DB"})
     db_url_file: str | None = None  # a mounted secret holding the URL (it carries the password); read at load
     log_level: str = "INFO"
     catalog: CatalogConfig = Field(default_factory=CatalogConfig)
@@ -477,8 +494,14 @@ class Settings(BaseSettings):
         return self
 
     def secret_values(self) -> list[str]:
-        """The secrets this configuration holds in plain text, for the log redactor."""
-        out = [s.get_secret_value() for s in (self.slurm.token, self.vast.api_key, self.tracker.webhook_url) if s]
+        """The secrets this configuration holds in plain text, for the log redactor (every field marked secret)."""
+        out = []
+        for path in SECRETS:
+            node: Any = self
+            for key in path:
+                node = getattr(node, key)
+            if isinstance(node, SecretStr):
+                out.append(node.get_secret_value())
         if _plain_sqlite(self.db_url):
             return out
         from sqlalchemy.engine import make_url
@@ -522,28 +545,44 @@ def mask_db_url(url: str) -> str:
 
 # --------------------------------------------------------------------------- sources
 
-PROVIDERS = ("slurm", "aws", "vast")
-ALIASES: dict[str, tuple[str, ...]] = {
-    # env var → key path; setting a provider's one also enables it (unless the file or env says otherwise)
-    "LOCKSTEP_DB": ("db_url",),
-    "LOCKSTEP_AWS_ENDPOINT_URL": ("aws", "endpoint_url"),
-    "LOCKSTEP_VAST_URL": ("vast", "url"),
-    "LOCKSTEP_VAST_API_KEY": ("vast", "api_key"),
-    "LOCKSTEP_SLURM_URL": ("slurm", "url"),
-    "LOCKSTEP_SLURM_TOKEN": ("slurm", "token"),
-    "LOCKSTEP_SLURM_USER": ("slurm", "user"),
-}
-# Secrets: where each belongs instead of inline in the file (a mounted file, or the environment).
-SECRETS: dict[tuple[str, ...], tuple[str, str]] = {
-    ("slurm", "token"): ("slurm.token_file", "LOCKSTEP_SLURM_TOKEN"),
-    ("vast", "api_key"): ("vast.api_key_file", "LOCKSTEP_VAST_API_KEY"),
-    ("tracker", "webhook_url"): ("tracker.webhook_url_file", "LOCKSTEP_TRACKER__WEBHOOK_URL"),
-    ("db_url",): ("db_url_file", "LOCKSTEP_DB"),
-}
-CREDENTIALS: dict[str, tuple[tuple[str, ...], ...]] = {  # provider → keys any one of which is its credential
-    "slurm": (("slurm", "token"), ("slurm", "token_file")),
-    "vast": (("vast", "api_key"), ("vast", "api_key_file")),
-}
+def _marked(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], dict[str, Any]]]:
+    """(key path, the field's json_schema_extra) of every field of the model and its sections that carries one."""
+    for name, field in model.model_fields.items():
+        path, ann = (*prefix, name), field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            yield from _marked(ann, path)
+        elif isinstance(field.json_schema_extra, dict):
+            yield path, field.json_schema_extra
+
+
+def _derive() -> tuple[dict[str, tuple[str, ...]], dict[tuple[str, ...], tuple[str, str]],
+                       dict[str, tuple[tuple[str, ...], ...]]]:
+    aliases: dict[str, tuple[str, ...]] = {}
+    secrets: dict[tuple[str, ...], tuple[str, str]] = {}
+    credentials: dict[str, tuple[tuple[str, ...], ...]] = {}
+    for path, extra in _marked(Settings):
+        if isinstance(extra.get("lockstep_alias"), str):
+            aliases[str(extra["lockstep_alias"])] = path
+        mark = extra.get("lockstep_secret")
+        if isinstance(mark, dict):
+            file_key = (*path[:-1], str(mark["file"]))
+            secrets[path] = (".".join(file_key), str(mark["env"]))
+            if "__" not in str(mark["env"]):  # a short name (LOCKSTEP_VAST_API_KEY), not the nested form
+                aliases.setdefault(str(mark["env"]), path)
+            if mark["credential"]:
+                credentials[path[0]] = (*credentials.get(path[0], ()), path, file_key)
+    return aliases, secrets, credentials
+
+
+# Derived from the marks on the fields (``alias``, ``secret``), never kept by hand:
+# ALIASES: short env var → key path (setting a section's one also enables it, unless the file or env says no);
+# SECRETS: secret key path → (its *_file key, its env var), where it belongs instead of inline in the file;
+# CREDENTIALS: section → keys any one of which is its credential.
+ALIASES, SECRETS, CREDENTIALS = _derive()
+# The sections a short alias enables (those with an ``enabled`` switch).
+PROVIDERS = tuple(name for name, f in Settings.model_fields.items()
+                  if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)
+                  and "enabled" in f.annotation.model_fields and any(p[0] == name for p in ALIASES.values()))
 # While load_settings runs: the file it reads ("" for none). Unset: Settings(...) built in code.
 _PLAN: ContextVar[str | None] = ContextVar("lockstep_config_file", default=None)
 
@@ -966,8 +1005,7 @@ def effective(config_file: str | os.PathLike[str] | None = None, **overrides: An
     layers = _Layers(path, overrides)
     settings = load_settings(path, **overrides)
     data = settings.masked()
-    from_file = {("vast", "api_key"): ("vast", "api_key_file"),
-                 ("tracker", "webhook_url"): ("tracker", "webhook_url_file"), ("db_url",): ("db_url_file",)}
+    from_file = {path: tuple(ref.split(".")) for path, (ref, _) in SECRETS.items()}  # a secret read from its file
 
     def walk(model: type[BaseModel], node: Mapping[str, Any], prefix: tuple[str, ...]) -> Iterator[Entry]:
         for name, field in model.model_fields.items():

@@ -229,3 +229,39 @@ def test_a_job_spec_with_a_field_twice_names_both_lines(tmp_path: Path) -> None:
     spec.write_text(text)
     r = _lockstep("--db", str(tmp_path / "s.db"), "quote", str(spec))
     assert r.returncode == 2 and "gpus" in r.stderr and "lines 2 and 4" in r.stderr
+
+
+def test_secret_alias_and_credential_tables_are_derived_from_the_fields() -> None:
+    """Declared on the fields, derived in one place: a secret added to a section is masked, refused inline and
+    read from its file without a second list to keep (the hand-kept list had drifted: it lacked slurm.token)."""
+    from broker.config import ALIASES, CREDENTIALS, PROVIDERS, SECRETS
+
+    assert SECRETS == {("db_url",): ("db_url_file", "LOCKSTEP_DB"),
+                       ("slurm", "token"): ("slurm.token_file", "LOCKSTEP_SLURM_TOKEN"),
+                       ("vast", "api_key"): ("vast.api_key_file", "LOCKSTEP_VAST_API_KEY"),
+                       ("tracker", "webhook_url"): ("tracker.webhook_url_file", "LOCKSTEP_TRACKER__WEBHOOK_URL")}
+    assert CREDENTIALS == {"slurm": (("slurm", "token"), ("slurm", "token_file")),
+                           "vast": (("vast", "api_key"), ("vast", "api_key_file"))}
+    assert ALIASES["LOCKSTEP_SLURM_TOKEN"] == ("slurm", "token") and ALIASES["LOCKSTEP_VAST_URL"] == ("vast", "url")
+    assert set(PROVIDERS) == {"slurm", "aws", "vast"}
+
+
+def test_config_show_says_a_token_read_from_its_file_came_from_that_file(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from broker.config import effective
+
+    for var in [v for v in os.environ if v.startswith("LOCKSTEP_")]:
+        monkeypatch.delenv(var)
+    token = tmp_path / "token"
+    token.write_text("eyJ.e30.from-file\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"slurm:\n  enabled: true\n  token_file: {token}\n")
+    entry = {e.key: e for e in effective(cfg)}["slurm.token"]
+    assert (entry.source, entry.origin) == ("file", f"{cfg}:3") and "from-file" not in str(entry.value)
+
+
+def test_health_defaults_are_the_policys() -> None:
+    from broker.config import HealthConfig
+    from policies.health import HealthThresholds
+
+    assert HealthThresholds.of(HealthConfig()) == HealthThresholds()

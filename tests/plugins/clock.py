@@ -37,7 +37,9 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     import time_machine
 
-    traveller = time_machine.travel(_when(at), tick=True)
+    # A POSIX timestamp, not an aware datetime: time-machine would set TZ from the datetime's zone, and the
+    # daylight-saving run needs the TZ it was started with.
+    traveller = time_machine.travel(_when(at).timestamp(), tick=True)
     traveller.start()
     config.stash[_KEY] = (at, traveller)
 

@@ -959,16 +959,23 @@ def _unparsable_env(exc: SettingsError) -> Problem:
 
 def check_config(config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> list[Problem]:
     """Every problem of the configuration as it would load here (file + environment), at once."""
+    return _checked(config_file, overrides)[0]
+
+
+def _checked(config_file: str | os.PathLike[str] | None,
+             overrides: Mapping[str, Any]) -> tuple[list[Problem], Settings | None]:
+    """The problems, and the settings when they loaded (what a server would run on)."""
     path = _config_path(config_file)
     try:
         layers = _Layers(path, overrides)
     except ConfigError as exc:
-        return exc.problems
+        return exc.problems, None
     except SettingsError as exc:
-        return [_unparsable_env(exc)]
+        return [_unparsable_env(exc)], None
     problems: list[Problem] = []
+    settings: Settings | None = None
     try:
-        load_settings(path, **overrides)
+        settings = load_settings(path, **overrides)
     except ConfigError as exc:
         problems.extend(exc.problems)
     problems += layers.semantic()
@@ -977,16 +984,17 @@ def check_config(config_file: str | os.PathLike[str] | None = None, **overrides:
         head, _, line = p.where.rpartition(":")
         return (0, int(line), "") if path and head == path and line.isdigit() else (1, 0, p.where)
 
-    return sorted(dict.fromkeys(problems), key=in_file_order)  # a file both checks read is said once
+    return sorted(dict.fromkeys(problems), key=in_file_order), settings  # a file both checks read is said once
 
 
 def sound_settings(config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
     """The settings a server runs on: refused, with every line ``lockstep config check`` prints, on anything
     that check refuses (one validation path: an inline secret, a provider enabled without its credential, ...)."""
-    problems = check_config(config_file, **overrides)
-    if problems:
-        raise ConfigError(problems, _config_path(config_file), every_line=True)
-    return load_settings(config_file, **overrides)
+    problems, settings = _checked(config_file, overrides)
+    if problems or settings is None:
+        raise ConfigError(problems or [Problem("", "the configuration did not load")], _config_path(config_file),
+                          every_line=True)
+    return settings
 
 
 @dataclass(frozen=True)

@@ -255,3 +255,16 @@ def test_a_client_that_hangs_up_mid_body_is_499_in_the_access_log_and_the_metric
         assert "499" in statuses and "400" not in statuses
     finally:
         s.server.stop()
+
+
+def test_a_key_twice_in_a_json_body_is_a_422_naming_it(tmp_path: Path) -> None:
+    s = Served(f"sqlite:///{tmp_path / 'd.db'}", _generous())
+    try:
+        with s.client(s.alice) as c:
+            got = c.post("/v1/jobs", content=b'{"name": "twice", "gpu": ["H100"], "gpus": 8, "gpus": 16, '
+                                             b'"workload": {"hours": 2}}', headers={"Content-Type": "application/json"})
+            assert got.status_code == 422 and got.json()["error"]["field"] == "gpus", got.text
+            assert "twice" in got.json()["error"]["message"]
+            assert c.get("/v1/jobs").json()["jobs"] == []  # nothing was accepted
+    finally:
+        s.server.stop()

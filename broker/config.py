@@ -355,6 +355,11 @@ class TrackerConfig(_Section):
     def _url_from_file(self) -> TrackerConfig:
         self.webhook_url = _secret_or_file(self.webhook_url, self.webhook_url_file, "webhook_url_file",
                                            "webhook_url (LOCKSTEP_TRACKER__WEBHOOK_URL)")
+        if self.webhook_url_file:  # read from the file: checked as the inline form is
+            try:
+                _secret_http_url(self.webhook_url)
+            except ValueError as exc:
+                raise ValueError(f"webhook_url_file: {exc}") from None
         return self
 
 

@@ -175,6 +175,17 @@ def test_a_url_that_cannot_work_is_refused_with_its_key(tmp_path: Path, text: st
     assert [p.key for p in check_config(cfg)] == [key]
 
 
+def test_a_webhook_url_read_from_its_file_is_checked_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in [v for v in os.environ if v.startswith("LOCKSTEP_")]:
+        monkeypatch.delenv(var)
+    hook = tmp_path / "hook"
+    hook.write_text("hooks.example/s3cret\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"tracker:\n  webhook_url_file: {hook}\n")
+    problems = check_config(cfg)
+    assert [p.key for p in problems] == ["tracker.webhook_url_file"] and "s3cret" not in str(problems[0])
+
+
 def _lockstep(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "broker", *args], capture_output=True, text=True, timeout=120,
                           env={**_clean_env(), **(env or {})}, cwd=ROOT)

@@ -31,11 +31,21 @@ from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from platformdirs import user_data_dir
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -48,9 +58,7 @@ from pydantic_settings import (
 
 from broker.errors import LockstepError, SpecError
 from broker.logconfig import register_secrets
-from policies.health import HealthThresholds
-
-_HEALTH = HealthThresholds()
+from broker.yamlload import duplicate_paths
 
 
 def default_db_url() -> str:
@@ -83,10 +91,66 @@ def _secret_or_file(inline: SecretStr | None, path: str | None, field: str, inli
         raise ValueError(f"{field}: {exc}") from None
 
 
-class _Section(BaseModel):
-    """A configuration section: a key it does not know is a mistake, not something to ignore."""
+# Every number a setting holds is bounded: finite (``allow_inf_nan=False`` on every section), positive where it
+# is an interval, a timeout or a limit, and below a maximum no working configuration reaches, so that a typo
+# (``poll_interval_s: -5``, ``.nan``, ``1e300``) is an error naming the key, not a broker that polls 157 times a
+# second or never again.
+_DAY = 86_400.0
+Seconds = Annotated[float, Field(gt=0, le=30 * _DAY)]  # an interval or a timeout: > 0
+SecondsOrOff = Annotated[float, Field(ge=0, le=365 * _DAY)]  # 0 = off / no limit
+Attempts = Annotated[int, Field(ge=1, le=100)]
+Count = Annotated[int, Field(ge=1, le=1_000_000)]  # a limit, a size, a batch: at least 1
+CountOrOff = Annotated[int, Field(ge=0, le=1_000_000)]  # 0 = no cap
+Usd = Annotated[float, Field(ge=0, le=1e9)]
+Rate = Annotated[float, Field(gt=0, le=1e6)]  # per second
+Fraction = Annotated[float, Field(ge=0, le=1)]
+Port = Annotated[int, Field(ge=1, le=65_535)]
 
-    model_config = ConfigDict(extra="forbid")
+
+def _http_url(value: str | None) -> str | None:
+    """An http(s) URL with a host (and a port in range), or an error that never repeats the URL (a webhook's
+    may carry a token)."""
+    if value is None:
+        return None
+    try:
+        parts = urlsplit(value.strip())
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError:
+        raise ValueError("not a URL that can work (a port out of 1-65535, or a malformed address)") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not a URL that can work: expected http://HOST[:PORT]/... or https://...")
+    return value.strip()
+
+
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+
+def _secret_http_url(value: SecretStr | None) -> SecretStr | None:
+    if value is not None:
+        _http_url(value.get_secret_value())
+    return value
+
+
+def secret(file: str, env: str, *, credential: bool = False, **kw: Any) -> Any:
+    """A secret setting, declared where it is defined: ``file`` is the sibling ``*_file`` key that reads it from a
+    mounted secret, ``env`` the environment variable that sets it (a short alias); ``credential``: the
+    market's credential (enabled without one of them is a mistake ``config check`` and ``serve`` refuse).
+    ``SECRETS``, ``ALIASES``, ``CREDENTIALS`` and the log redactor's list are derived from these marks."""
+    return Field(default=None, json_schema_extra={"lockstep_secret": {"file": file, "env": env,
+                                                                      "credential": credential}}, **kw)
+
+
+def alias(env: str, default: Any) -> Any:
+    """A setting with a short environment name (``LOCKSTEP_VAST_URL``): setting it also enables the section's
+    market, unless the file or ``LOCKSTEP_<SECTION>__ENABLED`` says otherwise."""
+    return Field(default=default, json_schema_extra={"lockstep_alias": env})
+
+
+class _Section(BaseModel):
+    """A configuration section: a key it does not know is a mistake, not something to ignore; a number that is
+    not finite is one too."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class CatalogConfig(_Section):
@@ -97,13 +161,13 @@ class CatalogConfig(_Section):
 class OwnedCost(_Section):
     """Amortised cost of owned hardware, per node (see README: 'Owned hardware')."""
 
-    capex_usd: float = 300_000.0  # an 8×H100 node
-    lifetime_years: float = 4.0
-    power_kw: float = 6.0
-    usd_per_kwh: float = 0.12
-    pue: float = 1.3
-    ops_usd_per_year: float = 20_000.0
-    utilisation: float = 0.7  # expected share of hours in use: idle hours are paid too
+    capex_usd: Usd = 300_000.0  # an 8×H100 node
+    lifetime_years: float = Field(default=4.0, gt=0, le=50)
+    power_kw: float = Field(default=6.0, ge=0, le=10_000)
+    usd_per_kwh: float = Field(default=0.12, ge=0, le=100)
+    pue: float = Field(default=1.3, ge=1, le=10)  # power usage effectiveness: 1 = every watt reaches the node
+    ops_usd_per_year: Usd = 20_000.0
+    utilisation: float = Field(default=0.7, gt=0, le=1)  # expected share of hours in use: idle hours are paid too
 
     def usd_per_node_hour(self) -> float:
         hours = 8766.0
@@ -115,20 +179,20 @@ class OwnedCost(_Section):
 
 class SlurmConfig(_Section):
     enabled: bool = False
-    url: str = "http://127.0.0.1:6820"
-    user: str = "root"
-    token: SecretStr | None = None
+    url: HttpUrl = alias("LOCKSTEP_SLURM_URL", "http://127.0.0.1:6820")
+    user: str = alias("LOCKSTEP_SLURM_USER", "root")
+    token: SecretStr | None = secret("token_file", "LOCKSTEP_SLURM_TOKEN", credential=True)
     token_file: str | None = None  # re-read when it changes: a sidecar may rotate it
     api_version: str | None = None  # pin (e.g. "v0.0.40"); default: what the server advertises
-    timeout_s: float = 10.0
+    timeout_s: Seconds = 10.0
     partition: str | None = None
     cluster_name: str = "onprem"
     owned: OwnedCost = Field(default_factory=OwnedCost)
-    gpus_per_node_default: int = 8
+    gpus_per_node_default: int = Field(default=8, ge=1, le=1024)
     # slurm.conf for `scontrol` (node drain/resume where the REST version lacks it); default: $SLURM_CONF
     conf_path: str | None = None
-    default_time_limit_min: int = 1440  # jobs whose workload gives no duration
-    max_attempts: int = 4  # bounded retries on transient errors
+    default_time_limit_min: int = Field(default=1440, ge=1, le=525_600)  # jobs whose workload gives no duration
+    max_attempts: Attempts = 4  # bounded retries on transient errors
     # The run-time contract on Slurm (docs/slurm.md "At run time"): each attempt's wrapper, manifest, logs and
     # statuses live in <job_dir>/<installation>/<job>/a<attempt>/, a directory the broker and every node share
     # (one host: any local directory). The broker writes the manifest there (mode 0600) and reads logs back.
@@ -147,8 +211,8 @@ class ReservedPool(_Section):
     sku: str
     region: str
     zone: str
-    count: int = Field(ge=1)
-    usd_per_hour: float = Field(default=0.0, ge=0)  # marginal cost; 0 when paid up front
+    count: int = Field(ge=1, le=100_000)
+    usd_per_hour: Usd = 0.0  # marginal cost; 0 when paid up front
     capacity_reservation_id: str | None = None
 
 
@@ -156,10 +220,10 @@ class AwsConfig(_Section):
     enabled: bool = False
     # The regions scanned, or "all": every region the account has enabled (DescribeRegions, opted-in only).
     regions: list[str] | Literal["all"] = Field(default_factory=lambda: ["us-east-1", "us-west-2"])
-    endpoint_url: str | None = None  # moto in tests, VPC endpoints in production
+    endpoint_url: HttpUrl | None = alias("LOCKSTEP_AWS_ENDPOINT_URL", None)  # moto in tests, VPC endpoints
     profile: str | None = None
-    region_timeout_s: float = 20.0
-    max_attempts: int = 3
+    region_timeout_s: Seconds = 20.0
+    max_attempts: Attempts = 3
     image_id: str = "ami-12c6146b"  # a Deep Learning AMI id per region in production; moto accepts this one
     subnet_ids: dict[str, str] = Field(default_factory=dict)  # zone → subnet
     security_group_ids: list[str] = Field(default_factory=list)
@@ -169,14 +233,14 @@ class AwsConfig(_Section):
     # None (the default): on, unless endpoint_url points EC2 at something else (moto has no Price List API).
     use_pricing_api: bool | None = None
     pricing_region: str = "us-east-1"  # the Price List API answers in us-east-1, eu-central-1 and ap-south-1
-    pricing_endpoint_url: str | None = None  # a proxy or a test double; default: AWS's own endpoint
-    pricing_refresh_s: float = Field(default=21_600.0, gt=0)  # list prices change rarely: every 6 h
-    pricing_retry_s: float = Field(default=300.0, gt=0)  # after a failed fetch, the snapshot until then
-    pricing_concurrency: int = Field(default=4, ge=1)  # regions fetched at once (GetProducts is throttled)
+    pricing_endpoint_url: HttpUrl | None = None  # a proxy or a test double; default: AWS's own endpoint
+    pricing_refresh_s: Seconds = 21_600.0  # list prices change rarely: every 6 h
+    pricing_retry_s: Seconds = 300.0  # after a failed fetch, the snapshot until then
+    pricing_concurrency: int = Field(default=4, ge=1, le=64)  # regions fetched at once (GetProducts is throttled)
     capacity_reservations: bool = True
     reserved_pools: list[ReservedPool] = Field(default_factory=list)
-    egress_usd_per_gb: float = 0.09
-    max_cluster_nodes: int = Field(default=16, ge=1)  # nodes offered together in one cluster placement group
+    egress_usd_per_gb: Usd = 0.09
+    max_cluster_nodes: int = Field(default=16, ge=1, le=10_000)  # nodes offered together in one cluster placement group
     placement_groups: bool = True  # multi-node jobs get a cluster placement group (off only for emulators)
     # The run-time contract on EC2 (docs/aws.md "At run time"): the in-job wrapper, its manifest, each node's
     # log and status go through this bucket by presigned URLs. Unset: a job runs as a bare `docker run` with no
@@ -184,7 +248,7 @@ class AwsConfig(_Section):
     runtime_bucket: str | None = Field(default=None, min_length=3, max_length=63)
     runtime_prefix: str = Field(default="lockstep", max_length=200)  # key prefix inside the bucket
     runtime_region: str | None = None  # the bucket's region (SigV4 signs for it); default: the first of regions
-    s3_endpoint_url: str | None = None  # S3's endpoint (moto in tests, a gateway endpoint); default: AWS's own
+    s3_endpoint_url: HttpUrl | None = None  # S3's endpoint (moto in tests, a gateway endpoint); default: AWS's own
     # Lifetime of the presigned GETs an instance boots with (wrapper, manifest, peer list, data input).
     runtime_url_ttl_s: float = Field(default=3600.0, gt=0, le=604_800)
 
@@ -219,25 +283,25 @@ class AwsConfig(_Section):
 
 class VastConfig(_Section):
     enabled: bool = False
-    url: str = "https://console.vast.ai"
-    api_key: SecretStr | None = None
+    url: HttpUrl = alias("LOCKSTEP_VAST_URL", "https://console.vast.ai")
+    api_key: SecretStr | None = secret("api_key_file", "LOCKSTEP_VAST_API_KEY", credential=True)
     api_key_file: str | None = None  # a mounted secret holding the key; read when the settings load
-    timeout_s: float = 15.0
-    max_attempts: int = 5
-    min_reliability: float = 0.9
+    timeout_s: Seconds = 15.0
+    max_attempts: Attempts = 5
+    min_reliability: Fraction = 0.9
     verified_only: bool = True
-    egress_usd_per_gb: float = 0.0
+    egress_usd_per_gb: Usd = 0.0
     # Retry pacing (tests shorten it); Retry-After from the API is honoured up to retry_after_max_s.
-    backoff_initial_s: float = 0.5
-    backoff_max_s: float = 20.0
-    retry_after_max_s: float = 30.0
-    min_inet_down_mbps: float = 0.0  # pushed down to the search; 0 = no floor
-    search_limit: int = 256  # offers asked for per search
+    backoff_initial_s: Seconds = 0.5
+    backoff_max_s: Seconds = 20.0
+    retry_after_max_s: Seconds = 30.0
+    min_inet_down_mbps: float = Field(default=0.0, ge=0, le=1e6)  # pushed down to the search; 0 = no floor
+    search_limit: int = Field(default=256, ge=1, le=100_000)  # offers asked for per search
     # A job's log comes through Vast's logs API (docs/vast.md): the last log_tail_lines lines, read from the
     # result URL it gives, polled every log_poll_s until it is there (log_wait_s at most).
-    log_tail_lines: int = Field(default=10_000, ge=1)
-    log_wait_s: float = Field(default=15.0, gt=0)
-    log_poll_s: float = Field(default=0.3, gt=0)
+    log_tail_lines: Count = 10_000
+    log_wait_s: Seconds = 15.0
+    log_poll_s: Seconds = 0.3
 
     @model_validator(mode="after")
     def _key_from_file(self) -> VastConfig:
@@ -247,28 +311,28 @@ class VastConfig(_Section):
 
 
 class BrokerConfig(_Section):
-    refresh_interval_s: float = 60.0
-    provider_timeout_s: float = 30.0
-    poll_interval_s: float = 5.0
-    place_interval_s: float = 1.0
-    max_launch_tries: int = 5
-    max_queue_wait_hours: float = 4.0  # burst when on-prem wait exceeds this
+    refresh_interval_s: Seconds = 60.0
+    provider_timeout_s: Seconds = 30.0
+    poll_interval_s: Seconds = 5.0
+    place_interval_s: Seconds = 1.0
+    max_launch_tries: Attempts = 5
+    max_queue_wait_hours: float = Field(default=4.0, gt=0, le=8766)  # burst when on-prem wait exceeds this
     installation: str = "lockstep"
     # A provider whose calls (refresh, launch, poll) fail this many times in a row is not called until a
     # probe after circuit_backoff_s, doubled at each failed probe up to circuit_backoff_max_s.
-    circuit_failures: int = Field(default=3, ge=1)
-    circuit_backoff_s: float = Field(default=30.0, gt=0)
-    circuit_backoff_max_s: float = Field(default=1800.0, gt=0)
+    circuit_failures: int = Field(default=3, ge=1, le=1000)
+    circuit_backoff_s: Seconds = 30.0
+    circuit_backoff_max_s: Seconds = 1800.0
     # A job that cannot be placed fails, with every reason it collected, after this many launch rounds that
     # failed (0: no cap), or once it has waited placement_timeout_s since it was submitted or requeued
     # (0: no limit); a job with its own deadline waits until that deadline instead.
-    placement_rounds: int = Field(default=30, ge=0)
-    placement_timeout_s: float = Field(default=86400.0, ge=0)
+    placement_rounds: CountOrOff = 30
+    placement_timeout_s: SecondsOrOff = 86400.0
     # The spot plan (docs/simulation.md): the time a (re)started job loses before it makes progress
     # again (boot, setup, restore its checkpoint), and how often a running on-demand job is offered a
     # move back to spot (0: never).
-    restart_minutes: float = Field(default=10.0, ge=0)
-    rebalance_interval_s: float = Field(default=60.0, ge=0)
+    restart_minutes: float = Field(default=10.0, ge=0, le=10_080)
+    rebalance_interval_s: SecondsOrOff = 60.0
     # A job whose every feasible option is a snapshot price (the bundled catalog's rows, or a live market's offers
     # priced from the snapshot): "warn" accepts it with a warning naming what to configure (docs/catalog.md);
     # "refuse" refuses it (exit 3, HTTP 422) when no market that could run it is configured.
@@ -276,30 +340,39 @@ class BrokerConfig(_Section):
 
 
 class TrackerConfig(_Section):
-    interval_s: float = 300.0
-    spike_multiple: float = 1.5  # flag when price > multiple × trailing median
-    clear_multiple: float = 1.2
-    window: int = 12  # points in the trailing median
-    retention_days: int = 90
-    compact_after_days: int = 7
-    webhook_url: SecretStr | None = None  # often carries a token: never printed
+    interval_s: Seconds = 300.0
+    spike_multiple: float = Field(default=1.5, gt=0, le=1000)  # flag when price > multiple × trailing median
+    clear_multiple: float = Field(default=1.2, gt=0, le=1000)
+    window: int = Field(default=12, ge=1, le=100_000)  # points in the trailing median
+    retention_days: int = Field(default=90, ge=1, le=36_500)
+    compact_after_days: int = Field(default=7, ge=0, le=36_500)
+    # often carries a token: never printed
+    webhook_url: Annotated[SecretStr | None, AfterValidator(_secret_http_url)] = secret(
+        "webhook_url_file", "LOCKSTEP_TRACKER__WEBHOOK_URL")
     webhook_url_file: str | None = None  # a mounted secret holding the URL; read when the settings load
 
     @model_validator(mode="after")
     def _url_from_file(self) -> TrackerConfig:
         self.webhook_url = _secret_or_file(self.webhook_url, self.webhook_url_file, "webhook_url_file",
                                            "webhook_url (LOCKSTEP_TRACKER__WEBHOOK_URL)")
+        if self.webhook_url_file:  # read from the file: checked as the inline form is
+            try:
+                _secret_http_url(self.webhook_url)
+            except ValueError as exc:
+                raise ValueError(f"webhook_url_file: {exc}") from None
         return self
 
 
 class HealthConfig(_Section):
-    """The health gates' limits; defaults are policies.health.HealthThresholds' (one definition)."""
+    """The health gates' limits: policies.health.HealthThresholds' defaults (tests/foundation/test_settings_bounds.py
+    holds them equal; configuration does not import policies)."""
 
-    min_relative_tflops: float = _HEALTH.min_relative_tflops  # below 70% of datasheet → unhealthy
-    max_allreduce_latency_us: dict[str, float] = Field(
-        default_factory=lambda: dict(_HEALTH.max_allreduce_latency_us)
+    # below 70% of datasheet → unhealthy
+    min_relative_tflops: float = Field(default=0.7, gt=0, le=10)
+    max_allreduce_latency_us: dict[str, Annotated[float, Field(gt=0, le=1e9)]] = Field(
+        default_factory=lambda: {"infiniband": 5.0, "efa": 30.0, "roce": 15.0, "ethernet": 200.0}
     )
-    max_ecc_double_bit: int = _HEALTH.max_ecc_double_bit
+    max_ecc_double_bit: int = Field(default=0, ge=0, le=1_000_000)
     # Where burn-in jobs leave their probe JSON for the broker to read: any directory on a single-host
     # cluster, a filesystem shared by the nodes and the broker on a real one. "" = <temp dir>/lockstep-burnin.
     burnin_results_dir: str = ""
@@ -321,26 +394,26 @@ class SecretsConfig(_Section):
 class RuntimeConfig(_Section):
     """The in-job wrapper's settings, the same on every market (docs/runtime.md)."""
 
-    log_interval_s: float = Field(default=5.0, gt=0)  # how often a node ships its log while the command runs
-    grace_s: float = Field(default=30.0, ge=0)  # TERM → KILL when a command is stopped
-    rendezvous_wait_s: float = Field(default=900.0, gt=0)  # how long a node waits for its peers' addresses
+    log_interval_s: Seconds = 5.0  # how often a node ships its log while the command runs
+    grace_s: float = Field(default=30.0, ge=0, le=_DAY)  # TERM → KILL when a command is stopped
+    rendezvous_wait_s: Seconds = 900.0  # how long a node waits for its peers' addresses
 
 
 class ApiConfig(_Section):
     host: str = "127.0.0.1"
-    port: int = 8080
-    max_body_bytes: int = 1_048_576
-    body_timeout_s: float = Field(default=30.0, gt=0)  # a request body not received by then gets a 408
-    rate_per_s: float = 50.0  # per tenant
-    burst: int = 100
+    port: Port = 8080
+    max_body_bytes: int = Field(default=1_048_576, ge=1, le=1 << 30)
+    body_timeout_s: Seconds = 30.0  # a request body not received by then gets a 408
+    rate_per_s: Rate = 50.0  # per tenant
+    burst: Count = 100
     # Requests with unknown or revoked tokens, per client address (each costs a database lookup): over it → 429
-    bad_token_rate_per_s: float = Field(default=1.0, gt=0)
-    bad_token_burst: int = Field(default=20, ge=1)
+    bad_token_rate_per_s: Rate = 1.0
+    bad_token_burst: Count = 20
     # GET /openapi.json and /docs without a token (the document holds no secrets); false: a user or admin token
     public_docs: bool = True
     # A followed log (GET /v1/jobs/{id}/logs?follow=true) is ended after this long even if its job still runs:
     # no connection is held forever (a job that waits days to be placed, a client that forgot it)
-    log_follow_max_s: float = Field(default=86400.0, gt=0)
+    log_follow_max_s: Seconds = 86400.0
 
 
 def credential_files(section: object) -> tuple[tuple[str, tuple[int, ...] | None], ...]:
@@ -377,10 +450,14 @@ class EventsConfig(_Section):
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="LOCKSTEP_", env_nested_delimiter="__", extra="forbid", case_sensitive=False
+        env_prefix="LOCKSTEP_", env_nested_delimiter="__", extra="forbid", case_sensitive=False,
+        allow_inf_nan=False,
     )
 
-    db_url: str = Field(default_factory=default_db_url)
+    db_url: str = Field(default_factory=default_db_url,  # carries the password, if any
+                        json_schema_extra={"lockstep_secret": {"file": "db_url_file", "env": "LOCKSTEP_DB",
+                                                               "credential": False},
+                                           "lockstep_alias": "LOCKSTEP_DB"})
     db_url_file: str | None = None  # a mounted secret holding the URL (it carries the password); read at load
     log_level: str = "INFO"
     catalog: CatalogConfig = Field(default_factory=CatalogConfig)
@@ -420,6 +497,9 @@ class Settings(BaseSettings):
         v = v.strip()
         if "://" not in v:
             return f"sqlite:///{os.path.abspath(os.path.expanduser(v))}"
+        reason = db_url_problem(v)  # refused as it loads, by every command: not an "internal error" later
+        if reason:
+            raise ValueError(reason)
         return v
 
     @model_validator(mode="after")
@@ -427,12 +507,21 @@ class Settings(BaseSettings):
         inline = SecretStr(self.db_url) if "db_url" in self.model_fields_set else None
         url = _secret_or_file(inline, self.db_url_file, "db_url_file", "db_url (LOCKSTEP_DB)")
         if url is not None and self.db_url_file:
-            self.db_url = self._db_url(url.get_secret_value())
+            try:
+                self.db_url = self._db_url(url.get_secret_value())
+            except ValueError as exc:
+                raise ValueError(f"db_url_file: {exc}") from None
         return self
 
     def secret_values(self) -> list[str]:
-        """The secrets this configuration holds in plain text, for the log redactor."""
-        out = [s.get_secret_value() for s in (self.slurm.token, self.vast.api_key, self.tracker.webhook_url) if s]
+        """The secrets this configuration holds in plain text, for the log redactor (every field marked secret)."""
+        out = []
+        for path in SECRETS:
+            node: Any = self
+            for key in path:
+                node = getattr(node, key)
+            if isinstance(node, SecretStr):
+                out.append(node.get_secret_value())
         if _plain_sqlite(self.db_url):
             return out
         from sqlalchemy.engine import make_url
@@ -476,28 +565,44 @@ def mask_db_url(url: str) -> str:
 
 # --------------------------------------------------------------------------- sources
 
-PROVIDERS = ("slurm", "aws", "vast")
-ALIASES: dict[str, tuple[str, ...]] = {
-    # env var → key path; setting a provider's one also enables it (unless the file or env says otherwise)
-    "LOCKSTEP_DB": ("db_url",),
-    "LOCKSTEP_AWS_ENDPOINT_URL": ("aws", "endpoint_url"),
-    "LOCKSTEP_VAST_URL": ("vast", "url"),
-    "LOCKSTEP_VAST_API_KEY": ("vast", "api_key"),
-    "LOCKSTEP_SLURM_URL": ("slurm", "url"),
-    "LOCKSTEP_SLURM_TOKEN": ("slurm", "token"),
-    "LOCKSTEP_SLURM_USER": ("slurm", "user"),
-}
-# Secrets: where each belongs instead of inline in the file (a mounted file, or the environment).
-SECRETS: dict[tuple[str, ...], tuple[str, str]] = {
-    ("slurm", "token"): ("slurm.token_file", "LOCKSTEP_SLURM_TOKEN"),
-    ("vast", "api_key"): ("vast.api_key_file", "LOCKSTEP_VAST_API_KEY"),
-    ("tracker", "webhook_url"): ("tracker.webhook_url_file", "LOCKSTEP_TRACKER__WEBHOOK_URL"),
-    ("db_url",): ("db_url_file", "LOCKSTEP_DB"),
-}
-CREDENTIALS: dict[str, tuple[tuple[str, ...], ...]] = {  # provider → keys any one of which is its credential
-    "slurm": (("slurm", "token"), ("slurm", "token_file")),
-    "vast": (("vast", "api_key"), ("vast", "api_key_file")),
-}
+def _marked(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], dict[str, Any]]]:
+    """(key path, the field's json_schema_extra) of every field of the model and its sections that carries one."""
+    for name, field in model.model_fields.items():
+        path, ann = (*prefix, name), field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            yield from _marked(ann, path)
+        elif isinstance(field.json_schema_extra, dict):
+            yield path, field.json_schema_extra
+
+
+def _derive() -> tuple[dict[str, tuple[str, ...]], dict[tuple[str, ...], tuple[str, str]],
+                       dict[str, tuple[tuple[str, ...], ...]]]:
+    aliases: dict[str, tuple[str, ...]] = {}
+    secrets: dict[tuple[str, ...], tuple[str, str]] = {}
+    credentials: dict[str, tuple[tuple[str, ...], ...]] = {}
+    for path, extra in _marked(Settings):
+        if isinstance(extra.get("lockstep_alias"), str):
+            aliases[str(extra["lockstep_alias"])] = path
+        mark = extra.get("lockstep_secret")
+        if isinstance(mark, dict):
+            file_key = (*path[:-1], str(mark["file"]))
+            secrets[path] = (".".join(file_key), str(mark["env"]))
+            if "__" not in str(mark["env"]):  # a short name (LOCKSTEP_VAST_API_KEY), not the nested form
+                aliases.setdefault(str(mark["env"]), path)
+            if mark["credential"]:
+                credentials[path[0]] = (*credentials.get(path[0], ()), path, file_key)
+    return aliases, secrets, credentials
+
+
+# Derived from the marks on the fields (``alias``, ``secret``), never kept by hand:
+# ALIASES: short env var → key path (setting a section's one also enables it, unless the file or env says no);
+# SECRETS: secret key path → (its *_file key, its env var), where it belongs instead of inline in the file;
+# CREDENTIALS: section → keys any one of which is its credential.
+ALIASES, SECRETS, CREDENTIALS = _derive()
+# The sections a short alias enables (those with an ``enabled`` switch).
+PROVIDERS = tuple(name for name, f in Settings.model_fields.items()
+                  if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)
+                  and "enabled" in f.annotation.model_fields and any(p[0] == name for p in ALIASES.values()))
 # While load_settings runs: the file it reads ("" for none). Unset: Settings(...) built in code.
 _PLAN: ContextVar[str | None] = ContextVar("lockstep_config_file", default=None)
 
@@ -551,9 +656,12 @@ class Problem:
 class ConfigError(SpecError):
     """The configuration has mistakes: bad input (CLI exit 2), one line naming the first of them."""
 
-    def __init__(self, problems: list[Problem], file: str | None = None) -> None:
+    def __init__(self, problems: list[Problem], file: str | None = None, *, every_line: bool = False) -> None:
         self.problems = problems
         self.field, self.reason = problems[0].key, problems[0].message
+        if every_line:  # what `lockstep config check` prints, line for line (`lockstep serve` refusing to start)
+            LockstepError.__init__(self, "\n".join(str(p) for p in problems))
+            return
         more = len(problems) - 1
         tail = f" (and {more} more: run `lockstep config check{' ' + file if file else ''}`)" if more else ""
         LockstepError.__init__(self, f"{problems[0]}{tail}")
@@ -627,6 +735,10 @@ def _read_file(path: str) -> tuple[dict[str, Any], dict[tuple[Any, ...], str]]:
     if not isinstance(data, dict):
         raise ConfigError([Problem("", f"the top level must be a mapping of sections, not a {type(data).__name__}",
                                    f"{path}:1")])
+    twice = duplicate_paths(node)
+    if twice:  # PyYAML keeps the last of the two without a word: a whole `vast:` section could vanish
+        raise ConfigError([Problem(_dotted(key), f"written twice, at lines {first} and {again}", f"{path}:{again}")
+                           for key, first, again in twice])
     lines: dict[tuple[Any, ...], str] = {}
     if node is not None:
         _yaml_lines(node, (), path, lines)
@@ -730,11 +842,6 @@ class _Layers:
                         _read_secret_file(self.value(key))
                     except ValueError as exc:
                         out.append(Problem(_dotted(key), str(exc), self.locate(key)[1]))
-        db = self.value(("db_url",))
-        if isinstance(db, str) and "://" in db:
-            reason = db_url_problem(db)
-            if reason:
-                out.append(Problem("db_url", reason, self.locate(("db_url",))[1]))
         file_layer = self.layers[3]
         for path, (ref, env) in SECRETS.items():
             if not file_layer.has(path) or file_layer.get(path) in (None, ""):
@@ -870,18 +977,25 @@ def _unparsable_env(exc: SettingsError) -> Problem:
                    '(e.g. \'{"key": 1}\')', ", ".join(names) or "environment")
 
 
-def check_config(config_file: str | os.PathLike[str] | None = None) -> list[Problem]:
+def check_config(config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> list[Problem]:
     """Every problem of the configuration as it would load here (file + environment), at once."""
+    return _checked(config_file, overrides)[0]
+
+
+def _checked(config_file: str | os.PathLike[str] | None,
+             overrides: Mapping[str, Any]) -> tuple[list[Problem], Settings | None]:
+    """The problems, and the settings when they loaded (what a server would run on)."""
     path = _config_path(config_file)
     try:
-        layers = _Layers(path, {})
+        layers = _Layers(path, overrides)
     except ConfigError as exc:
-        return exc.problems
+        return exc.problems, None
     except SettingsError as exc:
-        return [_unparsable_env(exc)]
+        return [_unparsable_env(exc)], None
     problems: list[Problem] = []
+    settings: Settings | None = None
     try:
-        load_settings(path)
+        settings = load_settings(path, **overrides)
     except ConfigError as exc:
         problems.extend(exc.problems)
     problems += layers.semantic()
@@ -890,7 +1004,17 @@ def check_config(config_file: str | os.PathLike[str] | None = None) -> list[Prob
         head, _, line = p.where.rpartition(":")
         return (0, int(line), "") if path and head == path and line.isdigit() else (1, 0, p.where)
 
-    return sorted(dict.fromkeys(problems), key=in_file_order)  # a file both checks read is said once
+    return sorted(dict.fromkeys(problems), key=in_file_order), settings  # a file both checks read is said once
+
+
+def sound_settings(config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
+    """The settings a server runs on: refused, with every line ``lockstep config check`` prints, on anything
+    that check refuses (one validation path: an inline secret, a provider enabled without its credential, ...)."""
+    problems, settings = _checked(config_file, overrides)
+    if problems or settings is None:
+        raise ConfigError(problems or [Problem("", "the configuration did not load")], _config_path(config_file),
+                          every_line=True)
+    return settings
 
 
 @dataclass(frozen=True)
@@ -909,8 +1033,7 @@ def effective(config_file: str | os.PathLike[str] | None = None, **overrides: An
     layers = _Layers(path, overrides)
     settings = load_settings(path, **overrides)
     data = settings.masked()
-    from_file = {("vast", "api_key"): ("vast", "api_key_file"),
-                 ("tracker", "webhook_url"): ("tracker", "webhook_url_file"), ("db_url",): ("db_url_file",)}
+    from_file = {path: tuple(ref.split(".")) for path, (ref, _) in SECRETS.items()}  # a secret read from its file
 
     def walk(model: type[BaseModel], node: Mapping[str, Any], prefix: tuple[str, ...]) -> Iterator[Entry]:
         for name, field in model.model_fields.items():

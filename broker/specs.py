@@ -15,12 +15,15 @@ from pydantic import ValidationError
 
 from broker.errors import SpecError
 from broker.models import FILES_MAX_BYTES, FILES_MAX_COUNT, FieldError, JobSpec
+from broker.yamlload import DuplicateKeyError, StrictLoader
 
 MAX_SPEC_BYTES = 1_048_576
 # Far deeper than any spec needs (the deepest real field is data.location, 2 levels), far shallower
 # than what makes a recursive parser or validator overflow its stack.
 MAX_DEPTH = 32
-_Loader = yaml.SafeLoader  # (libyaml's loader words its errors less helpfully: "did not find expected…")
+# SafeLoader that refuses a key written twice (libyaml's loader words its errors less helpfully: "did not find
+# expected…")
+_Loader = StrictLoader
 
 
 def _one(err: Any, root: str = "") -> tuple[str, str]:
@@ -143,6 +146,8 @@ def parse_spec_text(text: str, source: str = "job spec", base_dir: Path | None =
     try:
         _check_depth(text)
         data = yaml.load(text, Loader=_Loader)
+    except DuplicateKeyError as exc:  # PyYAML would keep the last one without a word
+        raise SpecError(exc.key, f"{source}: written twice, at lines {exc.first_line} and {exc.again_line}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -46,7 +46,7 @@ def create_app(svc: Lockstep, *, start_loops: bool = True, close_service: bool =
     app[LIMITER] = RateLimiter(api.rate_per_s, api.burst)
     app[BAD_TOKENS] = RateLimiter(api.bad_token_rate_per_s, api.bad_token_burst)
 
-    app[TOKENS] = TokenCache(svc.verify_token, token_cache_s)
+    app[TOKENS] = TokenCache(svc.verify_token, token_cache_s, known=svc.token_hashes)
     app[OPENAPI] = build_openapi(public_docs=api.public_docs)
     for r in ROUTES:
         app.router.add_route(r.method, r.path, r.handler, name=r.operation_id)

@@ -7,6 +7,7 @@ document is generated from, so the two cannot drift apart.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -190,7 +191,7 @@ NDJSON_TYPE = "application/x-ndjson"
 
 async def job_logs(request: web.Request) -> web.StreamResponse:
     """One LogLine per line (NDJSON). With ``follow``, a chunked response that stays open while the job runs;
-    a client that hangs up ends it."""
+    it ends within a second of its client hanging up or of the server shutting down, whatever the job prints."""
     svc = request.app[SERVICE]
     params = parse_query(request, LogParams)
     job_id, scope = request.match_info["job_id"], _scope(request)
@@ -202,21 +203,58 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
                                        "X-Accel-Buffering": "no"})
     resp.enable_chunked_encoding()
     await resp.prepare(request)
+
+    async def pump() -> None:
+        async for ln in lines_in:
+            await resp.write((ln.model_dump_json() + "\n").encode())
+
+    task = asyncio.get_running_loop().create_task(pump())
     try:
-        try:
-            async with asyncio.timeout(svc.settings.api.log_follow_max_s):
-                async for ln in lines_in:
-                    await resp.write((ln.model_dump_json() + "\n").encode())
-        except TimeoutError:
-            pass  # api.log_follow_max_s: the client follows again if it wants more
-        await resp.write_eof()
+        ended = await _until_done_or_gone(request, task, svc.settings.api.log_follow_max_s)
+        if ended:
+            task.result()  # the job ended and its last lines are out (or an error, below)
+            await resp.write_eof()
+        elif _client_gone(request):
+            pass  # nobody is left to read the rest
+        else:  # api.log_follow_max_s, or the server is stopping: the client follows again if it wants more
+            await resp.write_eof()
     except ConnectionResetError:
-        pass  # the client went away: nobody is left to read the rest
+        pass  # the client went away mid-write
     except LockstepError as exc:  # once lines went out, an error can no longer be a status: the stream ends
         log.warning("log stream of job %s ended early: %s", job_id, type(exc).__name__)
     finally:
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
         await lines_in.aclose()
     return resp
+
+
+def _client_gone(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
+def _server_stopping(request: web.Request) -> bool:
+    # aiohttp marks each connection closing (Server.pre_shutdown) before it waits for handlers to finish:
+    # a follow that waited for its job would hold SIGTERM's shutdown for up to its whole timeout.
+    return bool(getattr(request.protocol, "_close", False))
+
+
+async def _until_done_or_gone(request: web.Request, task: asyncio.Task[None], max_s: float) -> bool:
+    """True when ``task`` finished; False when the client hung up, the server is stopping or ``max_s`` passed.
+    A quiet follow writes nothing, so nothing else would notice its client is gone: this looks twice a second."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max_s
+    while True:
+        left = deadline - loop.time()
+        if left <= 0:
+            return False
+        done, _ = await asyncio.wait({task}, timeout=min(0.5, left))
+        if done:
+            return True
+        if _client_gone(request) or _server_stopping(request):
+            return False
 
 
 async def cancel_job(request: web.Request) -> web.Response:

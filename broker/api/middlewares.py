@@ -6,16 +6,23 @@ body too large or an unknown route all answer in the same JSON shape.
 Bodies are read here, once, before the handler, with ``api.body_timeout_s``: a client that declares a
 body and sends it slowly (or never) gets a 408 instead of holding a request open; one that declares more
 than ``api.max_body_bytes`` gets a 413 before a byte is read. A client that hangs up mid-body is no
-server error: it is counted with status 499 (nginx's "client closed request") and logged in one line.
+server error: it is counted with status 499 (nginx's "client closed request") and logged in one line; the
+access log says 499 too.
+
+A path or query value holding a character no store can keep (NUL: PostgreSQL's text cannot hold it) is a
+400 naming the parameter before any handler runs, on every route: it must never reach a query and come back
+as a 500. A NUL in a header is refused by aiohttp's parser; its traceback is logged as one INFO line instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
 from broker.api.auth import retry_after
@@ -37,6 +44,46 @@ class ClientGone(Exception):
     """The client closed the connection before its request was read: nobody is left to answer."""
 
 
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _unstorable(text: str) -> bool:
+    """NUL (PostgreSQL's text cannot hold it) or a lone surrogate (no UTF-8 encoding)."""
+    return _UNSTORABLE.search(text) is not None
+
+
+def refuse_unstorable(request: web.Request) -> None:
+    """400 naming the first path parameter, query key or query value a store could not hold."""
+    for name, value in request.match_info.items():
+        if _unstorable(value):
+            raise ApiError(400, "bad_parameter", "a character no store can hold (NUL or a lone surrogate)", name)
+    if route_name(request) == "unmatched" and _unstorable(request.path):
+        raise ApiError(400, "bad_parameter", "a character no store can hold (NUL or a lone surrogate)", "path")
+    for key, value in request.query.items():
+        if _unstorable(key) or _unstorable(value):
+            field = key if not _unstorable(key) else "query"
+            raise ApiError(400, "bad_parameter", "a character no store can hold (NUL or a lone surrogate)",
+                           field[:64])
+
+
+class _ParseErrorsAreInfo(logging.Filter):
+    """aiohttp logs a request its parser refused (a NUL in a header, a bad request line) as an ERROR with a
+    traceback: any client could write ERROR lines at will and page whoever watches them. It is bad input,
+    answered 400 by aiohttp: one INFO line naming the reason."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500:
+            reason = " ".join(str(exc.message).split())[:200]
+            record.msg, record.args = "refused a malformed request (%s %s)", (exc.code, reason)
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+logging.getLogger("aiohttp.server").addFilter(_ParseErrorsAreInfo())
+
+
 def route_name(request: web.Request) -> str:
     """The route template (/v1/jobs/{id}), never the raw path: ids must not explode label sets."""
     route = request.match_info.route
@@ -49,6 +96,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     started = time.perf_counter()
     status = 500
     try:
+        refuse_unstorable(request)
         resp = await handler(request)
         status = resp.status
         return resp
@@ -62,7 +110,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         log.info("%s %s: the client closed the connection before sending its body", request.method,
                  route_name(request))
         status = CLIENT_CLOSED
-        return error_response(400, "bad_request", "client closed the connection")  # never delivered
+        # Never delivered; its status is what the access log writes, as the metrics do.
+        return error_response(CLIENT_CLOSED, "client_closed", "client closed the connection")
     except LockstepError as exc:
         err = from_lockstep(exc)
         if err.status >= 500:
@@ -118,7 +167,9 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         # Each unknown token costs a database lookup: past a few, a client address waits before its next one.
         strangers, address = request.app[BAD_TOKENS], request.remote or ""
         wait = strangers.peek(address)
-        if wait > 0:
+        # Over its limit, this address's request goes on only with a token the store knows (never a 429 for
+        # a valid token because of a neighbour's flood), at the cost of one shared read a second.
+        if wait > 0 and not await tokens.may_be_valid(plaintext):
             raise ApiError(429, "rate_limited", "too many requests with unknown or revoked tokens from this address",
                            headers={"Retry-After": retry_after(wait)})
         info = await tokens.lookup(plaintext)

@@ -101,13 +101,33 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+class _Twice(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _no_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object with a key written twice is refused: json keeps the last one without a word (as YAML would)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Twice(key)
+            seen.add(key)
+    return out
+
+
 async def read_json(request: web.Request) -> Any:
-    """The body as JSON. Too large → 413 (aiohttp's client_max_size), not JSON → 400."""
+    """The body as JSON. Too large → 413 (aiohttp's client_max_size), not JSON → 400, a key twice in one
+    object → 422 naming it."""
     raw = await request.read()
     if not raw:
         raise ApiError(400, "bad_request", "a JSON body is required", "body")
     try:
-        return json.loads(raw, parse_constant=_no_constants)
+        return json.loads(raw, parse_constant=_no_constants, object_pairs_hook=_no_twice)
+    except _Twice as exc:
+        raise ApiError(422, "invalid", f"key {exc.key!r} written twice in one object", exc.key[:64]) from None
     except (ValueError, RecursionError):
         raise ApiError(400, "bad_json", "the body is not valid JSON", "body") from None
 

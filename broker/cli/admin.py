@@ -169,10 +169,12 @@ def serve(
     """Run the HTTP API and the broker's background loops until stopped (Ctrl-C / SIGTERM)."""
     from broker.api import serve as run_api
     from broker.cli.progress import Progress
+    from broker.config import sound_settings
 
     c = get_ctx(ctx)
     local_only(c, "serve")
-    settings = c.settings
+    # One validation path: what `lockstep config check` refuses, serve refuses too, with the same lines.
+    settings = sound_settings(c.config_file, **({"db_url": c.db} if c.db else {}))
     logging.getLogger().setLevel(settings.log_level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     if workers > 1:

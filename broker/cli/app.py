@@ -154,7 +154,8 @@ def _root(
 ) -> None:
     logconfig.configure(log_format)
     ctx.obj = Context(config_file=config, db=db_url_from(db) if db else None, server=server, token=token)
-    if ctx.invoked_subcommand != "config":  # a mistake in the configuration stops every command, at once
+    # A mistake in the configuration stops every command, at once (config and serve: every problem, each a line).
+    if ctx.invoked_subcommand not in ("config", "serve"):
         _ = ctx.obj.settings
 
 

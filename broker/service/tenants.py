@@ -58,6 +58,10 @@ class TenantsService(Runtime):
         await self.db(self.store.revoke_token, token_id)
         log.info("token %s revoked", token_id)
 
+    async def token_hashes(self) -> frozenset[str]:
+        """The hashes of every live token (the API tells a valid token from a stranger's with them)."""
+        return await self.db(self.store.token_hashes)
+
     async def verify_token(self, plaintext: str) -> TokenInfo | None:
         """The token's tenant and role, or None when it is unknown or revoked."""
         return await self.db(self.store.verify_token, plaintext)

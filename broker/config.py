@@ -223,7 +223,15 @@ class VastConfig(_Section):
     api_key: SecretStr | None = None
     api_key_file: str | None = None  # a mounted secret holding the key; read when the settings load
     timeout_s: float = 15.0
+    create_timeout_s: float = Field(default=120.0, gt=0)  # creates and log requests: the CLI's 120 s
     max_attempts: int = 5
+    # A call and its retries start no attempt after this (searches run inside broker.provider_timeout_s).
+    retry_budget_s: float = Field(default=25.0, gt=0)
+    # The instance list is read once per poll round (not one call per instance: Vast rate-limits per
+    # endpoint and key): polls within list_reuse_s of the last read use it.
+    list_reuse_s: float = Field(default=2.0, ge=0)
+    # A multi-machine job's head is rented first; its peers once Vast shows its mapped rendezvous port.
+    ports_wait_s: float = Field(default=600.0, gt=0)
     min_reliability: float = 0.9
     verified_only: bool = True
     egress_usd_per_gb: float = 0.0

@@ -39,7 +39,7 @@ def chunks(items: list[str], size: int = CHUNK) -> Iterable[list[str]]:
 class _Service:
     """One AWS service in any region, for one adapter (``provider`` names it in errors)."""
 
-    service: Literal["ec2", "s3", "pricing"]
+    service: Literal["ec2", "s3", "pricing", "ssm"]
 
     def __init__(self, config: AwsConfig, *, provider: str = "aws", session: AioSession | None = None,
                  endpoint_url: str | None = None, boto: dict[str, Any] | None = None) -> None:
@@ -191,6 +191,21 @@ class S3Client(_Service):
             method, Params={"Bucket": bucket or self.bucket, "Key": key}, ExpiresIn=int(expires_s)
         )
         return url
+
+
+class SsmClient(_Service):
+    """SSM Parameter Store in any region: the public parameters that name each region's current AMIs."""
+
+    service = "ssm"
+
+    def __init__(self, config: AwsConfig, *, provider: str = "aws", session: AioSession | None = None) -> None:
+        super().__init__(config, provider=provider, session=session,
+                         endpoint_url=config.ssm_endpoint_url or config.endpoint_url)
+
+    async def parameter(self, region: str, name: str) -> str:
+        """A parameter's value in ``region`` (GetParameter)."""
+        resp = await self.request(region, "get_parameter", Name=name)
+        return str((resp.get("Parameter") or {}).get("Value") or "")
 
 
 class PricingClient(_Service):

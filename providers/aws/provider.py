@@ -50,7 +50,8 @@ from broker.models import (
     Offer,
     PricePoint,
 )
-from providers.aws.client import Ec2Client, PricingClient, S3Client, chunks
+from providers.aws.client import Ec2Client, PricingClient, S3Client, SsmClient, chunks
+from providers.aws.images import ImageResolver
 from providers.aws.instance_types import GPU_TYPE_PATTERNS, GpuType, latest_spot_prices, parse_instance_type
 from providers.aws.offers import offer_id, query_accepts, zone_offers
 from providers.aws.prices import spot_price_history
@@ -126,6 +127,8 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
         self._pending_groups: dict[str, str] = {}  # placement group → region, deletion deferred
         self.region_health: dict[str, RegionHealth] = {}
         self.pricing = OnDemandPricing(config, PricingClient(config, provider=self.name, session=session))
+        self.ssm = SsmClient(config, provider=self.name, session=session)
+        self.images = ImageResolver(config, self.ssm, provider=self.name)  # AMI ids are regional
         self._regions: tuple[float, list[str]] | None = None  # (monotonic time, regions) of `regions: all`
 
     def __repr__(self) -> str:
@@ -133,6 +136,7 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
 
     async def aclose(self) -> None:
         await self.ec2.aclose()
+        await self.ssm.aclose()
         await self.pricing.aclose()
         if self.runs is not None:
             await self.runs.s3.aclose()
@@ -332,6 +336,7 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
             raise BadRequestError(
                 provider, f"the job's {', '.join(needs)} need aws.runtime_bucket: the S3 bucket the run-time "
                 "contract goes through (docs/aws.md)", "NoRuntimeBucket")
+        image = await self.images.image(region)  # before anything is staged or created: a missing one is an answer
         gpu_type = (await self.gpu_types(region)).get(offer.sku)
         group: str | None = None
         if (
@@ -364,6 +369,7 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
             shared_group=shared_group,
             script=script,
             runtime_uri=where.uri if where else "",
+            image_id=image,
         )
         try:
             resp = await self.ec2.request(region, "run_instances", **params)

@@ -41,7 +41,7 @@ ENV_CHUNK = 64 * 1024
 ENTRYPOINT = "sh"
 # Vast's identity port form: an internal port of 70000 or more asks for a free port X mapped X:X.
 IDENTITY_PORT = 70000
-PORT_VAR = "VAST_TCP_PORT_%d" % IDENTITY_PORT  # what Vast tells the container X is
+PORT_VAR = f"VAST_TCP_PORT_{IDENTITY_PORT}"  # what Vast tells the container X is
 RDZV_PORT_VAR = "LOCKSTEP_VAST_RDZV_PORT"  # "self" (the head: X is its own PORT_VAR) or X (the others)
 NO_PYTHON = ("this image has no python3, which Lockstep's run-time wrapper needs (docs/vast.md): "
              "use an image with Python 3.8 or later")

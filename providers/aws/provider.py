@@ -338,6 +338,10 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
                 "contract goes through (docs/aws.md)", "NoRuntimeBucket")
         image = await self.images.image(region)  # before anything is staged or created: a missing one is an answer
         gpu_type = (await self.gpu_types(region)).get(offer.sku)
+        # Staged before anything is created: a launch whose run-time reporting cannot work is refused here.
+        where = self.runs.location(req.job_id, req.attempt) if self.runs is not None else None
+        script: str | None = (await self.runs.stage(req, efa=wants_efa(req, gpu_type), provider=provider)
+                              if self.runs is not None else user_data(req))
         group: str | None = None
         if (
             req.nodes > 1
@@ -354,10 +358,12 @@ class AwsProvider(HasJobLogs, HasSpotPriceHistory):
                 placement_group=group,
                 capacity_reservation_id=None,
             )
-            await self.ensure_placement_group(region, group, tags)
-        where = self.runs.location(req.job_id, req.attempt) if self.runs is not None else None
-        script: str | None = (await self.runs.stage(req, efa=wants_efa(req, gpu_type)) if self.runs is not None
-                              else user_data(req))
+            try:
+                await self.ensure_placement_group(region, group, tags)
+            except ProviderError:
+                if self.runs is not None and where is not None:
+                    await self.runs.forget(where)  # a manifest nobody will read still holds the secrets
+                raise
         params = run_instances_request(
             req,
             config=self.config,

@@ -38,14 +38,14 @@ from tests.conftest import missing
 _DUMMY_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_SECURITY_TOKEN": "testing",
-    "AWS_SESSION_TOKEN": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_EC2_METADATA_DISABLED": "true",  # never ask a metadata service for a role
     "AWS_CONFIG_FILE": os.devnull,
     "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
 }
-_UNSET_ENV = ("AWS_PROFILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ENDPOINT_URL")
+# Long-term keys (no session token): presigned URLs then provably live their lifetime (providers/aws/uploads.py);
+# tests of temporary credentials give a session its own.
+_UNSET_ENV = ("AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ENDPOINT_URL")
 
 # EC2 answers these with a 5xx; the rest of its error codes come with a 400.
 _SERVER_CODES = {

@@ -45,7 +45,8 @@ _DUMMY_ENV = {
 }
 # Long-term keys (no session token): presigned URLs then provably live their lifetime (providers/aws/uploads.py);
 # tests of temporary credentials give a session its own.
-_UNSET_ENV = ("AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ENDPOINT_URL")
+_UNSET_ENV = ("AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE",
+              "AWS_ENDPOINT_URL")
 
 # EC2 answers these with a 5xx; the rest of its error codes come with a 400.
 _SERVER_CODES = {

@@ -27,10 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import providers.aws.uploads as uploads
 from broker.config import AwsConfig
 from broker.errors import BadRequestError, ProviderError
 from broker.models import Allocation, JobExit, utcnow
-from providers.aws import uploads
 from providers.aws.client import S3Client
 from providers.aws.requests import boot_script
 from providers.base import LaunchRequest

@@ -459,6 +459,15 @@ class Settings(BaseSettings):
             self.db_url = self._db_url(url.get_secret_value())
         return self
 
+    @model_validator(mode="after")
+    def _vast_retries_within_the_broker_timeout(self) -> Settings:
+        # A search runs inside broker.provider_timeout_s: retries started past it are calls Vast rate-limits for
+        # nothing (the broker has given up on the answer).
+        if self.vast.enabled and self.vast.retry_budget_s >= self.broker.provider_timeout_s:
+            raise ValueError(f"vast: retry_budget_s ({self.vast.retry_budget_s:g} s) must be below "
+                             f"broker.provider_timeout_s ({self.broker.provider_timeout_s:g} s)")
+        return self
+
     def secret_values(self) -> list[str]:
         """The secrets this configuration holds in plain text, for the log redactor."""
         out = [s.get_secret_value() for s in (self.slurm.token, self.vast.api_key, self.tracker.webhook_url) if s]

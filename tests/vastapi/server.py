@@ -35,6 +35,12 @@ a create whose answer is lost (rented, then 502), and
 slow creates (before renting, or between renting and answering).
 ``/_admin/*`` needs no key: loopback only.
 
+As the real service does (issue 28; Vast's official CLI is run against it in tests/vast/test_official_cli.py):
+JSON answers say ``Content-Type: application/json`` exactly; the instance list refuses ``limit`` above 25;
+``Faults.rate_limit`` answers 429 per endpoint and key with no Retry-After; instance rows carry no ``is_bid``;
+an args launch runs ``entrypoint`` (else ``onstart``, as the CLI sends it); each ``-p A:B`` of a create's ``env``
+gets a random external port (``ports``, ``VAST_TCP_PORT_B``), ``-p 70000:70000`` and above the identity form.
+
 Standalone: ``python -m tests.vastapi.server --port 8765 --api-key KEY`` then point ``LOCKSTEP_VAST_URL`` at it.
 """
 

@@ -216,6 +216,11 @@ class ReservedPool(_Section):
     capacity_reservation_id: str | None = None
 
 
+DLAMI_PARAMETER = ("resolve:ssm:/aws/service/deeplearning/ami/x86_64/"
+                   "base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id")
+SSM_PREFIX = "resolve:ssm:"
+
+
 class AwsConfig(_Section):
     enabled: bool = False
     # The regions scanned, or "all": every region the account has enabled (DescribeRegions, opted-in only).
@@ -224,7 +229,18 @@ class AwsConfig(_Section):
     profile: str | None = None
     region_timeout_s: Seconds = 20.0
     max_attempts: Attempts = 3
-    image_id: str = "ami-12c6146b"  # a Deep Learning AMI id per region in production; moto accepts this one
+    # The machine image: an AMI id (regional: it names one region's image) or "resolve:ssm:<parameter>", read per
+    # region at launch (cached image_cache_s). Default: AWS's public Deep Learning AMI parameter (NVIDIA driver,
+    # Docker, the NVIDIA container toolkit), which every region has. `images` sets a region's own.
+    image_id: str = DLAMI_PARAMETER
+    images: dict[str, str] = Field(default_factory=dict)  # region → AMI id or resolve:ssm:<parameter>
+    image_cache_s: Seconds = 3600.0
+    ssm_endpoint_url: HttpUrl | None = None  # SSM's endpoint (resolve:ssm:); default: endpoint_url, else AWS's own
+    # An IAM instance profile (name or ARN) the instances run with: they then fetch their files and write their
+    # log and status under the run-time prefix with its role, not through presigned URLs that die with the
+    # broker's temporary credentials (docs/aws.md "Run-time reporting"). Unset: presigned URLs, and a launch
+    # whose URLs cannot be shown to outlive its max_duration is refused.
+    instance_profile: str | None = None
     subnet_ids: dict[str, str] = Field(default_factory=dict)  # zone → subnet
     security_group_ids: list[str] = Field(default_factory=list)
     key_name: str | None = None
@@ -264,6 +280,26 @@ class AwsConfig(_Section):
             raise ValueError('at least one region, or "all"')
         return value
 
+    @model_validator(mode="after")
+    def _one_image_per_region(self) -> AwsConfig:
+        # An AMI id names one region's image: with it as the image of several regions, every launch but those in
+        # its own region would fail (InvalidAMIID.NotFound). Said here, at `config check`, not at launch.
+        if not self.enabled or self.image_id.startswith(SSM_PREFIX):
+            return self
+        if self.regions == "all":
+            raise ValueError(f"image_id: {self.image_id} is one region's AMI, and regions is 'all': give "
+                             f"image_id as resolve:ssm:<parameter> (default: the Deep Learning AMI's)")
+        shared = [r for r in self.regions if r not in self.images]
+        if len(shared) > 1:
+            raise ValueError(f"images: no image for region {', '.join(shared[1:])}: image_id "
+                             f"{self.image_id} is one region's AMI (AMI ids are regional); set aws.images."
+                             f"<region> for each, or image_id: resolve:ssm:<parameter>")
+        return self
+
+    def image_for(self, region: str) -> str:
+        """The configured image of a region: its own (``images``), else ``image_id``."""
+        return self.images.get(region) or self.image_id
+
     @property
     def all_regions(self) -> bool:
         """Regions come from DescribeRegions (``regions: all``)."""
@@ -287,7 +323,15 @@ class VastConfig(_Section):
     api_key: SecretStr | None = secret("api_key_file", "LOCKSTEP_VAST_API_KEY", credential=True)
     api_key_file: str | None = None  # a mounted secret holding the key; read when the settings load
     timeout_s: Seconds = 15.0
+    create_timeout_s: Seconds = 120.0  # creates and log requests: the CLI's 120 s
     max_attempts: Attempts = 5
+    # A call and its retries start no attempt after this (searches run inside broker.provider_timeout_s).
+    retry_budget_s: Seconds = 25.0
+    # The instance list is read once per poll round (not one call per instance: Vast rate-limits per
+    # endpoint and key): polls within list_reuse_s of the last read use it (0: read every time).
+    list_reuse_s: SecondsOrOff = 2.0
+    # A multi-machine job's head is rented first; its peers once Vast shows its mapped rendezvous port.
+    ports_wait_s: Seconds = 600.0
     min_reliability: Fraction = 0.9
     verified_only: bool = True
     egress_usd_per_gb: Usd = 0.0
@@ -511,6 +555,15 @@ class Settings(BaseSettings):
                 self.db_url = self._db_url(url.get_secret_value())
             except ValueError as exc:
                 raise ValueError(f"db_url_file: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _vast_retries_within_the_broker_timeout(self) -> Settings:
+        # A search runs inside broker.provider_timeout_s: retries started past it are calls Vast rate-limits for
+        # nothing (the broker has given up on the answer).
+        if self.vast.enabled and self.vast.retry_budget_s >= self.broker.provider_timeout_s:
+            raise ValueError(f"vast: retry_budget_s ({self.vast.retry_budget_s:g} s) must be below "
+                             f"broker.provider_timeout_s ({self.broker.provider_timeout_s:g} s)")
         return self
 
     def secret_values(self) -> list[str]:

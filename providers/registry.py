@@ -20,6 +20,8 @@ class _Market:
     # missing optional dependency of one adapter cannot break the others (and the CLI starts fast).
     build: Callable[[Settings, str, dict[str, Provider]], Provider]
     setup: str = ""  # what switches it on, for a user told it is missing
+    # What `lockstep config check` says about it beyond problems (e.g. which run-time reporting applies, and why).
+    notes: Callable[[Settings], list[str]] = lambda s: []
 
 
 def _catalog(s: Settings, inst: str, built: dict[str, Provider]) -> Provider:
@@ -38,6 +40,12 @@ def _aws(s: Settings, inst: str, built: dict[str, Provider]) -> Provider:
     from providers.aws import AwsProvider
 
     return AwsProvider(s.aws, installation=inst)
+
+
+def _aws_notes(s: Settings) -> list[str]:
+    from providers.aws.uploads import config_note, static_credentials
+
+    return [config_note(s.aws, static_credentials(s.aws.profile))]
 
 
 def _reserved(s: Settings, inst: str, built: dict[str, Provider]) -> Provider:
@@ -59,7 +67,7 @@ MARKETS: dict[str, _Market] = {
     "catalog": _Market(lambda s: s.catalog.enabled, _catalog),
     "slurm": _Market(lambda s: s.slurm.enabled, _slurm, "slurm.enabled: true and slurm.url (docs/slurm.md)"),
     "aws": _Market(lambda s: s.aws.enabled, _aws,
-                   "aws.enabled: true and AWS credentials, e.g. AWS_PROFILE (docs/aws.md)"),
+                   "aws.enabled: true and AWS credentials, e.g. AWS_PROFILE (docs/aws.md)", _aws_notes),
     "reserved": _Market(
         lambda s: s.aws.enabled and (s.aws.capacity_reservations or bool(s.aws.reserved_pools)), _reserved
     ),
@@ -72,6 +80,11 @@ def configured(settings: Settings, name: str) -> bool:
     """Is market ``name`` switched on in ``settings``? False for a name that is no market."""
     market = MARKETS.get(name)
     return market is not None and market.enabled(settings)
+
+
+def config_notes(settings: Settings) -> list[str]:
+    """What the enabled markets say about their configuration (`lockstep config check` prints it)."""
+    return [note for market in MARKETS.values() if market.enabled(settings) for note in market.notes(settings)]
 
 
 def how_to_enable(name: str) -> str:

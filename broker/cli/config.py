@@ -36,8 +36,18 @@ def check(
             typer.echo(str(p))
     else:
         typer.echo(f"{path or 'the environment'}: ok")
+        _notes(path)
     if problems:
         raise typer.Exit(2)
+
+
+def _notes(path: str | None) -> None:
+    """What the enabled markets say about a configuration that loads (e.g. how EC2 instances report)."""
+    from broker.config import load_settings
+    from providers.registry import config_notes
+
+    for note in config_notes(load_settings(path)):
+        typer.echo(note)
 
 
 @config_app.command("show")

@@ -39,7 +39,7 @@ def chunks(items: list[str], size: int = CHUNK) -> Iterable[list[str]]:
 class _Service:
     """One AWS service in any region, for one adapter (``provider`` names it in errors)."""
 
-    service: Literal["ec2", "s3", "pricing"]
+    service: Literal["ec2", "s3", "pricing", "ssm"]
 
     def __init__(self, config: AwsConfig, *, provider: str = "aws", session: AioSession | None = None,
                  endpoint_url: str | None = None, boto: dict[str, Any] | None = None) -> None:
@@ -146,6 +146,18 @@ class S3Client(_Service):
                          boto={"signature_version": "s3v4"})
         self.bucket = config.runtime_bucket
         self.region = config.home_region
+        self._bucket_regions: dict[str, str] = {config.runtime_bucket: config.home_region}
+
+    async def bucket_region(self, bucket: str) -> str:
+        """The region a bucket lives in (GetBucketLocation, cached): a URL for one of its objects must be signed
+        for it (signed for another, S3 answers 301/400, while the SDK's own calls follow the redirect)."""
+        found = self._bucket_regions.get(bucket)
+        if found is None:
+            resp = await self.request(self.region, "get_bucket_location", Bucket=bucket)
+            where = resp.get("LocationConstraint") or "us-east-1"  # S3 says nothing for us-east-1
+            found = {"EU": "eu-west-1"}.get(where, where)  # and "EU" for the oldest eu-west-1 buckets
+            self._bucket_regions[bucket] = found
+        return found
 
     async def put(self, key: str, body: bytes, content_type: str) -> None:
         await self.request(self.region, "put_object", Bucket=self.bucket, Key=key, Body=body, ContentType=content_type)
@@ -173,24 +185,46 @@ class S3Client(_Service):
     async def exists(self, bucket: str, key: str) -> bool:
         """Is ``s3://bucket/key`` an object this broker may read? (HeadObject; False when absent.)"""
         try:
-            await self.request(self.region, "head_object", Bucket=bucket, Key=key)
+            await self.request(await self.bucket_region(bucket), "head_object", Bucket=bucket, Key=key)
         except ProviderError as exc:
             if is_missing(exc):
                 return False
             raise
         return True
 
+    async def credentials(self) -> Any:
+        """What is known of the credentials presigned URLs are signed with (:mod:`providers.aws.uploads`)."""
+        from providers.aws.uploads import session_credentials
+
+        return await session_credentials(self._session)
+
     async def presign(self, method: str, key: str, expires_s: float, *, bucket: str | None = None) -> str:
         """A URL granting one ``method`` ('get_object', 'put_object') on one object for ``expires_s`` seconds.
 
-        Signed locally with the broker's credentials: no request is made. With temporary credentials
-        (a role) the URL stops working when they expire, whatever ``expires_s`` says.
+        Signed locally with the broker's credentials, for the bucket's own region (another bucket's is looked up
+        once). With temporary credentials (a role) the URL stops working when they expire, whatever
+        ``expires_s`` says (:mod:`providers.aws.uploads`).
         """
-        s3 = await self.client(self.region)
+        s3 = await self.client(await self.bucket_region(bucket) if bucket else self.region)
         url: str = await s3.generate_presigned_url(
             method, Params={"Bucket": bucket or self.bucket, "Key": key}, ExpiresIn=int(expires_s)
         )
         return url
+
+
+class SsmClient(_Service):
+    """SSM Parameter Store in any region: the public parameters that name each region's current AMIs."""
+
+    service = "ssm"
+
+    def __init__(self, config: AwsConfig, *, provider: str = "aws", session: AioSession | None = None) -> None:
+        super().__init__(config, provider=provider, session=session,
+                         endpoint_url=config.ssm_endpoint_url or config.endpoint_url)
+
+    async def parameter(self, region: str, name: str) -> str:
+        """A parameter's value in ``region`` (GetParameter)."""
+        resp = await self.request(region, "get_parameter", Name=name)
+        return str((resp.get("Parameter") or {}).get("Value") or "")
 
 
 class PricingClient(_Service):

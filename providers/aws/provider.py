@@ -50,7 +50,8 @@ from broker.models import (
     Offer,
     PricePoint,
 )
-from providers.aws.client import Ec2Client, PricingClient, S3Client, chunks
+from providers.aws.client import Ec2Client, PricingClient, S3Client, SsmClient, chunks
+from providers.aws.images import ImageResolver
 from providers.aws.instance_types import GPU_TYPE_PATTERNS, GpuType, latest_spot_prices, parse_instance_type
 from providers.aws.offers import offer_id, query_accepts, zone_offers
 from providers.aws.prices import spot_price_history
@@ -126,6 +127,8 @@ class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory):
         self._pending_groups: dict[str, str] = {}  # placement group → region, deletion deferred
         self.region_health: dict[str, RegionHealth] = {}
         self.pricing = OnDemandPricing(config, PricingClient(config, provider=self.name, session=session))
+        self.ssm = SsmClient(config, provider=self.name, session=session)
+        self.images = ImageResolver(config, self.ssm, provider=self.name)  # AMI ids are regional
         self._regions: tuple[float, list[str]] | None = None  # (monotonic time, regions) of `regions: all`
 
     def __repr__(self) -> str:
@@ -133,6 +136,7 @@ class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory):
 
     async def aclose(self) -> None:
         await self.ec2.aclose()
+        await self.ssm.aclose()
         await self.pricing.aclose()
         if self.runs is not None:
             await self.runs.s3.aclose()
@@ -332,7 +336,12 @@ class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory):
             raise BadRequestError(
                 provider, f"the job's {', '.join(needs)} need aws.runtime_bucket: the S3 bucket the run-time "
                 "contract goes through (docs/aws.md)", "NoRuntimeBucket")
+        image = await self.images.image(region)  # before anything is staged or created: a missing one is an answer
         gpu_type = (await self.gpu_types(region)).get(offer.sku)
+        # Staged before anything is created: a launch whose run-time reporting cannot work is refused here.
+        where = self.runs.location(req.job_id, req.attempt) if self.runs is not None else None
+        script: str | None = (await self.runs.stage(req, efa=wants_efa(req, gpu_type), provider=provider)
+                              if self.runs is not None else user_data(req))
         group: str | None = None
         if (
             req.nodes > 1
@@ -349,10 +358,12 @@ class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory):
                 placement_group=group,
                 capacity_reservation_id=None,
             )
-            await self.ensure_placement_group(region, group, tags)
-        where = self.runs.location(req.job_id, req.attempt) if self.runs is not None else None
-        script: str | None = (await self.runs.stage(req, efa=wants_efa(req, gpu_type)) if self.runs is not None
-                              else user_data(req))
+            try:
+                await self.ensure_placement_group(region, group, tags)
+            except ProviderError:
+                if self.runs is not None and where is not None:
+                    await self.runs.forget(where)  # a manifest nobody will read still holds the secrets
+                raise
         params = run_instances_request(
             req,
             config=self.config,
@@ -364,6 +375,7 @@ class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory):
             shared_group=shared_group,
             script=script,
             runtime_uri=where.uri if where else "",
+            image_id=image,
         )
         try:
             resp = await self.ec2.request(region, "run_instances", **params)

@@ -104,13 +104,16 @@ def run_instances_request(
     shared_group: str | None = None,
     script: str | None = None,
     runtime_uri: str = "",
+    image_id: str | None = None,
 ) -> dict[str, Any]:
     """RunInstances parameters for one job attempt: all nodes or none (MinCount = MaxCount).
 
     ``placement_group`` is the job's own group (tagged, deleted on release); ``shared_group`` one
     that belongs to somebody else (a capacity reservation's), only launched into. ``script``: the
     user data (:func:`boot_script`, or :func:`user_data` without a run-time bucket); ``runtime_uri``
-    the attempt's run-time folder, tagged on the instances.
+    the attempt's run-time folder, tagged on the instances. ``image_id``: the region's AMI, resolved
+    (:mod:`.images`); default: the configured one, as written. With ``aws.instance_profile`` the instances
+    run with that profile (their role reads and writes the run-time files).
     """
     offer = req.offer
     zone = offer.zone
@@ -132,7 +135,7 @@ def run_instances_request(
     if placement_group or shared_group:
         placement["GroupName"] = placement_group or shared_group
     params: dict[str, Any] = {
-        "ImageId": config.image_id,
+        "ImageId": image_id or config.image_for(offer.region),
         "InstanceType": offer.sku,
         "MinCount": req.nodes,
         "MaxCount": req.nodes,
@@ -160,6 +163,9 @@ def run_instances_request(
             params["SecurityGroupIds"] = list(config.security_group_ids)
     if config.key_name:
         params["KeyName"] = config.key_name
+    if config.instance_profile:
+        profile = config.instance_profile
+        params["IamInstanceProfile"] = {"Arn": profile} if profile.startswith("arn:") else {"Name": profile}
     if script:
         params["UserData"] = script  # botocore base64-encodes it for RunInstances
     if market is Market.spot:

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import providers.aws.uploads as uploads
 from broker.config import AwsConfig
-from broker.errors import ProviderError
-from broker.models import Allocation, JobExit
+from broker.errors import BadRequestError, ProviderError
+from broker.models import Allocation, JobExit, utcnow
 from providers.aws.client import S3Client
 from providers.aws.requests import boot_script
 from providers.base import LaunchRequest
@@ -197,13 +198,20 @@ class RunFiles:
             return ""
         return await self.s3.presign("get_object", key, lifetime, bucket=bucket)
 
-    async def stage(self, req: LaunchRequest, *, efa: bool) -> str:
-        """Upload the wrapper and this attempt's manifest; the user data that fetches and runs them."""
+    async def stage(self, req: LaunchRequest, *, efa: bool, provider: str = "aws") -> str:
+        """Upload the wrapper and this attempt's manifest; the user data that fetches and runs them. How the
+        instance reports (its own role, or presigned URLs where they provably outlive the job) is
+        :mod:`providers.aws.uploads`'s choice; a launch whose URLs could die first is refused."""
         run = req.run_request()
         where = self.location(req.job_id, req.attempt)
         boot = self.config.runtime_url_ttl_s
         after_boot = boot + run.rendezvous_wait_s  # the peer list and the data are read after the rendezvous
         upload = upload_ttl_s(run, self.config)
+        mode = uploads.choose(self.config, None if self.config.instance_profile else await self.s3.credentials(),
+                              needed_s=upload, now=utcnow())
+        if not mode.ok:
+            raise BadRequestError(provider, f"cannot report this job's end through presigned URLs: {mode.why}",
+                                  "ShortLivedUrls")
         ranks = range(req.nodes)
         log_urls = {str(r): await self.s3.presign("put_object", where.log(r), upload) for r in ranks}
         status_urls = {str(r): await self.s3.presign("put_object", where.status(r), upload) for r in ranks}
@@ -216,6 +224,15 @@ class RunFiles:
             data_url=await self._data_url(run, after_boot), checkpoint_uri=where.checkpoint_uri, efa=efa,
             part_urls=part_urls, heartbeat_urls=beat_urls,
         )
+        if mode.mode == uploads.INSTANCE_PROFILE:
+            folder = uploads.attempt_folder(req.job_id, req.attempt)
+            manifest = uploads.profile_manifest(manifest, folder, folder_uri=where.uri, region=self.s3.region,
+                                                nodes=req.nodes)
+            await self.s3.put(where.wrapper, wrapper_source().encode("utf-8"), "text/x-python; charset=utf-8")
+            await self.s3.put(where.manifest, json.dumps(manifest, sort_keys=True).encode("utf-8"),
+                              "application/json")
+            return uploads.profile_boot_script(req.job_id, req.attempt, folder_uri=where.uri,
+                                               region=self.s3.region, nodes=req.nodes)
         await self.s3.put(where.wrapper, wrapper_source().encode("utf-8"), "text/x-python; charset=utf-8")
         await self.s3.put(where.manifest, json.dumps(manifest, sort_keys=True).encode("utf-8"), "application/json")
         return boot_script(

@@ -420,6 +420,36 @@ def parse_submit(body: dict[str, Any]) -> int | None:
     return int(n) if n else None
 
 
+# Fields of a submit that Lockstep relies on (GPUs, nodes, time limit, features): slurmrestd v0.0.39+ ignores
+# an unknown or mistyped field with a warning and submits anyway, so a warning naming one of these means the
+# job would run without its GPUs, on other nodes or with another limit.
+RELIED_FIELDS = ("tres_per_node", "tres_per_job", "tres_per_task", "gres", "gpus", "gpus_per_node",
+                 "minimum_nodes", "maximum_nodes", "nodes", "required_nodes", "time_limit", "constraints",
+                 "features")
+_RELIED = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(RELIED_FIELDS) + r")(?![A-Za-z0-9_])", re.IGNORECASE)
+
+
+def parse_warnings(body: Any) -> list[str]:
+    """The texts of an answer's ``warnings`` (``description``, with ``source`` where it says where)."""
+    out: list[str] = []
+    if not isinstance(body, dict):
+        return out
+    for w in body.get("warnings") or []:
+        if isinstance(w, dict):
+            text = str(w.get("description") or w.get("warning") or "").strip()
+            source = str(w.get("source") or "").strip()
+            if text or source:
+                out.append(f"{text} ({source})" if text and source else text or source)
+        elif isinstance(w, str) and w.strip():
+            out.append(w.strip())
+    return out
+
+
+def relied_warnings(warnings: list[str]) -> list[str]:
+    """The warnings about a field Lockstep relies on (:data:`RELIED_FIELDS`)."""
+    return [w for w in warnings if _RELIED.search(w)]
+
+
 def parse_errors(body: Any) -> list[tuple[int | None, str]]:
     """(Slurm errno, text) pairs from ``errors``; v0.0.38 says ``error_code`` or ``error_number``."""
     out: list[tuple[int | None, str]] = []

@@ -73,6 +73,8 @@ class SlurmClient:
             data = resp.json()
         except (json.JSONDecodeError, ValueError):
             data = None
+        for warning in api.parse_warnings(data):  # slurmrestd's word that it did not do exactly what was asked
+            log.warning("slurm: slurmrestd warns on %s %s: %s", method, path, warning[:500])
         return resp.status_code, data
 
     async def call(
@@ -162,6 +164,7 @@ class SlurmClient:
         if status >= 300 or job_id is None:
             raise_for(status if status >= 300 else 500, api.parse_errors(data), "job submit")
         assert job_id is not None
+        await self._refuse_altered(job_id, data)
         return job_id
 
     async def submit(self, req: api.SubmitRequest) -> int:
@@ -171,7 +174,22 @@ class SlurmClient:
         job_id = api.parse_submit(data) if isinstance(data, dict) else None
         if job_id is None:
             raise BadRequestError(PROVIDER, "job submit answered without a job id")
+        await self._refuse_altered(job_id, data)
         return job_id
+
+    async def _refuse_altered(self, job_id: int, data: Any) -> None:
+        """A submit slurmrestd accepted while warning about a field Lockstep relies on (it ignores an unknown or
+        mistyped field and submits anyway): the job is cancelled and the launch fails with the warning's text,
+        rather than run without its GPUs, on another node or with another time limit."""
+        altered = api.relied_warnings(api.parse_warnings(data))
+        if not altered:
+            return
+        try:
+            await self.cancel(str(job_id))
+        except Exception as exc:  # the launch's error is what matters; the job is found by owned() otherwise
+            log.warning("slurm: cancelling job %s, submitted with an altered request: %s", job_id, exc)
+        raise BadRequestError(PROVIDER, f"slurmrestd changed the request of job {job_id} (cancelled): "
+                                        + "; ".join(altered)[:800], "slurm_warning")
 
     async def set_comment(self, job_id: str, comment: str) -> None:
         v = await self.version()

@@ -1,8 +1,13 @@
 """The Vast.ai REST API over httpx, as the official CLI calls it (shared/vast-api-notes.md).
 
 Every call is retried on TransientError under the shared policy (:mod:`providers.retry`),
-bounded by ``vast.max_attempts``, with Vast's Retry-After honoured up to
-``vast.retry_after_max_s``.
+bounded by ``vast.max_attempts`` and by ``vast.retry_budget_s`` (no attempt starts after it: a search runs
+inside the broker's ``provider_timeout_s``, and retries past that are wasted calls against Vast's rate
+limit), with Vast's Retry-After honoured up to ``vast.retry_after_max_s``; Vast's rate-limit 429s carry
+none, so they back off with jitter.
+
+Timeouts follow Vast's CLI: a create (and a log upload request) may take long on a busy host, so it gets
+``vast.create_timeout_s`` (120 s, the CLI's); other calls ``vast.timeout_s``.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import logging
 from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying
+from tenacity import AsyncRetrying, stop_after_attempt, stop_before_delay
 
 from broker.config import VastConfig
 from broker.errors import TransientError
@@ -22,7 +27,7 @@ from providers.vast.errors import PROVIDER, raise_for, transport_error
 
 log = logging.getLogger(__name__)
 
-LIST_PAGE = 50
+LIST_PAGE = 25  # Vast's CLI and SDK ask for 25 and clamp to 1..25: a larger page may be refused
 MAX_PAGES = 1000
 
 
@@ -43,17 +48,22 @@ class VastClient:
     def retrying(self) -> AsyncRetrying:
         """The shared retry policy, paced by ``vast.max_attempts``, ``backoff_*`` and ``retry_after_max_s``."""
         cfg = self.config
-        return retrying(cfg.max_attempts, initial=cfg.backoff_initial_s, max_wait=cfg.backoff_max_s,
-                        retry_after_max=cfg.retry_after_max_s)
+        policy = retrying(cfg.max_attempts, initial=cfg.backoff_initial_s, max_wait=cfg.backoff_max_s,
+                          retry_after_max=cfg.retry_after_max_s)
+        return policy.copy(stop=stop_after_attempt(max(1, cfg.max_attempts)) | stop_before_delay(cfg.retry_budget_s))
 
-    async def call(self, method: str, path: str, *, body: Any = None, params: dict[str, str] | None = None) -> Any:
-        """One API call, retried on TransientError only; the JSON answer or the mapped error."""
-        return await with_retries(lambda: self.once(method, path, body, params), self.retrying())
+    async def call(self, method: str, path: str, *, body: Any = None, params: dict[str, str] | None = None,
+                   slow: bool = False) -> Any:
+        """One API call, retried on TransientError only; the JSON answer or the mapped error. ``slow``: a call
+        Vast may take long to answer (a create), given ``vast.create_timeout_s``."""
+        return await with_retries(lambda: self.once(method, path, body, params, slow=slow), self.retrying())
 
-    async def once(self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None) -> Any:
+    async def once(self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None, *,
+                   slow: bool = False) -> Any:
         what = f"{method} {path}"
+        timeout = self.config.create_timeout_s if slow else self.config.timeout_s
         try:
-            resp = await self._http.request(method, path, json=body, params=params)
+            resp = await self._http.request(method, path, json=body, params=params, timeout=timeout)
         except httpx.TransportError as exc:  # timeouts included
             raise transport_error(exc, what) from None
         log.debug("vast %s → %s", what, resp.status_code)
@@ -92,7 +102,8 @@ class VastClient:
         A gone instance raises :class:`~providers.vast.errors.Refused` (404).
         """
         what = f"PUT /api/v0/instances/request_logs/{instance_id}/"
-        data = await self.call("PUT", f"/api/v0/instances/request_logs/{instance_id}/", body={"tail": str(tail)})
+        data = await self.call("PUT", f"/api/v0/instances/request_logs/{instance_id}/", body={"tail": str(tail)},
+                               slow=True)
         url = data.get("result_url") if isinstance(data, dict) else None
         if not url:
             raise TransientError(PROVIDER, f"{what}: no result_url in the answer", "no_log_url")

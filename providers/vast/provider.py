@@ -45,22 +45,55 @@ from providers.vast.client import VastClient
 from providers.vast.errors import GONE_CODES, PROVIDER, Refused
 from providers.vast.offers import country_of, normalise, num, search_query, wanted_markets
 from providers.vast.requests import create_body, label_for, label_prefix, member_label, parse_label
-from providers.vast.runtime import image_login, node_env, node_exit, node_manifest, peers_env, single_node
+from providers.vast.runtime import (
+    IDENTITY_PORT,
+    head_env,
+    image_login,
+    node_env,
+    node_exit,
+    node_manifest,
+    peers_env,
+    single_node,
+)
 
 log = logging.getLogger(__name__)
 
 FINAL_LOGS_KEPT = 256  # ended nodes' last logs kept in memory: Vast's go with the destroyed instance
+PORTS_POLL_S = 1.0  # how often a multi-machine launch looks for its head's mapped port (one list call each)
 
 
-def map_instance_state(inst: dict[str, Any]) -> tuple[AllocationState, str]:
-    """Vast's actual_status / cur_state / intended_status → AllocationState and a short reason."""
+def identity_port(inst: dict[str, Any]) -> int | None:
+    """The port Vast chose for the head's ``-p 70000:70000`` (identity form: the same number inside and out),
+    from the instance's ``ports`` (docker's ``{"X/tcp": [{"HostPort": "X"}]}``); None until it shows."""
+    ports = inst.get("ports")
+    if not isinstance(ports, dict):
+        return None
+    for key, binds in ports.items():
+        inner = str(key).split("/")[0]
+        if not inner.isdigit() or inner == "22" or not isinstance(binds, list):
+            continue
+        for bind in binds:
+            outer = str(bind.get("HostPort") or "") if isinstance(bind, dict) else ""
+            if outer.isdigit() and (outer == inner or int(inner) == IDENTITY_PORT):
+                return int(outer)
+    return None
+
+
+def map_instance_state(inst: dict[str, Any], *, bid: bool = False) -> tuple[AllocationState, str]:
+    """Vast's actual_status / cur_state / intended_status → AllocationState and a short reason.
+
+    ``bid``: the instance was rented as an interruptible bid. Vast's instance rows do not say so (``is_bid`` is
+    a field of offers, not of instances): the allocation remembers it from the launch. An interruptible instance
+    its renter still wants running (``intended_status``) that its host has stopped was outbid."""
     actual = str(inst.get("actual_status") or "").lower()
     intended = str(inst.get("intended_status") or "").lower()
     cur = str(inst.get("cur_state") or "").lower()
     msg = str(inst.get("status_msg") or "")
     if actual == "running":
         return AllocationState.running, ""
-    if inst.get("is_bid") and intended == "running" and cur == "stopped":
+    bid = bid or bool(inst.get("is_bid"))  # an older row shape that carried it
+    stopped = cur == "stopped" or actual in ("exited", "stopped", "inactive", "offline")
+    if bid and intended == "running" and stopped:
         return AllocationState.preempted, "outbid: the interruptible instance was stopped by a higher bid"
     if actual == "exited":
         # The container's command returned. Vast reports no exit code: it is in the log (poll reads it), so
@@ -86,6 +119,9 @@ class VastProvider(HasJobLogs, AssemblesNodes):
         # instance id → the log read when its container had exited: served by job_log once the instance (and
         # Vast's copy of its log) is destroyed.
         self._final_logs: OrderedDict[str, str] = OrderedDict()
+        # The account's instance list, read once for a poll round: (loop time read, instances by id).
+        self._listing: tuple[float, dict[str, dict[str, Any]]] | None = None
+        self._listing_lock = asyncio.Lock()
 
     def __repr__(self) -> str:
         return f"VastProvider(url={self.config.url!r}, installation={self.installation!r})"
@@ -117,11 +153,12 @@ class VastProvider(HasJobLogs, AssemblesNodes):
                     offer: Offer | None = None, more: list[dict[str, Any]] | None = None) -> Allocation:
         """The allocation of one machine, or of several (``more``: the machines of ranks 1…N−1)."""
         insts = [inst, *(more or [])]
-        state, reason = map_instance_state(inst)
+        bid = offer.market == Market.spot if offer is not None else bool(inst.get("is_bid"))
+        state, reason = map_instance_state(inst, bid=bid)
         iid = str(inst.get("id"))
         attrs = {"label": str(inst.get("label") or ""),
                  "machine_id": ",".join(str(i.get("machine_id") or "") for i in insts),
-                 "market": Market.spot.value if inst.get("is_bid") else Market.on_demand.value}
+                 "market": Market.spot.value if bid else Market.on_demand.value}
         if offer is not None and "ask_id" in offer.attrs:
             attrs["ask_id"] = offer.attrs["ask_id"]
         return Allocation(
@@ -157,7 +194,7 @@ class VastProvider(HasJobLogs, AssemblesNodes):
             body = create_body(req.model_copy(update={"offer": offer}), label, env=env,
                                image_login=image_login(req.run_request()))
             try:
-                data = await self.client.call("PUT", f"/api/v0/asks/{ask_id}/", body=body)
+                data = await self.client.call("PUT", f"/api/v0/asks/{ask_id}/", body=body, slow=True)
             except Refused as exc:
                 if exc.status in (404, 410) or exc.error in GONE_CODES:
                     existing = await self._find_by_label(label)
@@ -166,6 +203,7 @@ class VastProvider(HasJobLogs, AssemblesNodes):
                     raise CapacityError(PROVIDER, f"ask {ask_id} is no longer available",
                                         exc.error or f"http_{exc.status}") from None
                 raise
+        self._listing = None  # the account changed: the next poll reads the list afresh
         if not isinstance(data, dict) or not data.get("success") or data.get("new_contract") is None:
             code = str(data.get("error") or "create_failed") if isinstance(data, dict) else "create_failed"
             raise CapacityError(PROVIDER, f"ask {ask_id} was not rented", code)
@@ -182,7 +220,13 @@ class VastProvider(HasJobLogs, AssemblesNodes):
         """Rent every machine of an assembled offer, or none: when one rent fails, every machine of this
         attempt (found by label too, so a create whose answer was lost is not left behind) is destroyed
         before the error is raised. Each machine gets the same rendezvous with its own rank; the addresses
-        are the machines' public addresses, which Vast shows with the ask."""
+        are the machines' public addresses, which Vast shows with the ask.
+
+        On Vast a container's port is reachable only through the external port Vast maps it to, chosen when the
+        container is created. So the head (rank 0) is rented first with Vast's identity form (``-p 70000:70000``:
+        a free port X mapped X:X, which its container reads from ``VAST_TCP_PORT_70000``); once its instance
+        shows X (``vast.ports_wait_s`` at most), the other machines are rented with X as the rendezvous port,
+        and every rank dials ``<head's public address>:X``."""
         members = req.members
         addrs = [m.attrs.get("public_ipaddr", "") for m in members]
         if len(members) < 2 or not all(addrs):
@@ -195,17 +239,58 @@ class VastProvider(HasJobLogs, AssemblesNodes):
         existing = await self._labelled(labels)  # idempotent: a repeated launch rents only what is missing
         insts: list[dict[str, Any]] = []
         try:
+            port = 0
             for rank, (offer, label) in enumerate(zip(members, labels, strict=True)):
                 inst = existing.get(label)
                 if inst is None:
-                    env = {**node_env(run, manifest), **peers_env(rank, addrs, run.rdzv_port)}
-                    inst = await self._rent(req, offer, label, env)
+                    extra = head_env(addrs) if rank == 0 else peers_env(rank, addrs, port)
+                    inst = await self._rent(req, offer, label, {**node_env(run, manifest), **extra})
                 insts.append(inst)
+                if rank == 0:
+                    port = await self._head_port(str(inst.get("id")))
         except BaseException as exc:
             await self._destroy_attempt(labels, [str(i.get("id")) for i in insts], why=str(exc))
             raise
         return self._allocation(insts[0], job_id=req.job_id, attempt=req.attempt, client_token=req.client_token,
                                 offer=req.offer, more=insts[1:])
+
+    async def _head_port(self, iid: str) -> int:
+        """The head's rendezvous port, once Vast shows its identity mapping (read from the instance list)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.config.ports_wait_s
+        while True:
+            inst = (await self._rows([iid], fresh=True)).get(iid)
+            if inst is None:
+                raise CapacityError(PROVIDER, f"the head machine (instance {iid}) vanished before it showed its "
+                                              f"rendezvous port", "head_gone")
+            port = identity_port(inst)
+            if port is not None:
+                return port
+            state, why = map_instance_state(inst)
+            if state in (AllocationState.failed, AllocationState.preempted) or (
+                    str(inst.get("actual_status") or "").lower() == "exited"):
+                raise CapacityError(PROVIDER, f"the head machine (instance {iid}) stopped before it showed its "
+                                              f"rendezvous port: {why or inst.get('status_msg') or 'exited'}",
+                                    "head_failed")
+            if loop.time() >= end:
+                raise CapacityError(PROVIDER, f"the head machine (instance {iid}) showed no mapped rendezvous port "
+                                              f"within {self.config.ports_wait_s:g} s (vast.ports_wait_s)",
+                                    "head_no_port")
+            await asyncio.sleep(PORTS_POLL_S)
+
+    async def _rows(self, ids: list[str], *, fresh: bool = False) -> dict[str, dict[str, Any]]:
+        """The account's instances by id, from one read of the instance list per poll round: a read younger than
+        ``vast.list_reuse_s`` serves every poll (Vast rate-limits per endpoint and key; one call per instance
+        per round would hit it). An id missing from a reused read is read again before it counts as gone."""
+        loop = asyncio.get_running_loop()
+        async with self._listing_lock:
+            cached = self._listing
+            if (not fresh and cached is not None and loop.time() - cached[0] <= self.config.list_reuse_s
+                    and all(i in cached[1] for i in ids)):
+                return cached[1]
+            rows = {str(i.get("id")): i for i in await self.client.instances()}
+            self._listing = (loop.time(), rows)
+            return rows
 
     async def _destroy_attempt(self, labels: list[str], ids: list[str], *, why: str) -> None:
         """Give back every machine a failed multi-machine launch rented (never raises: the launch's own
@@ -226,17 +311,6 @@ class VastProvider(HasJobLogs, AssemblesNodes):
         log.info("vast: multi-machine launch failed (%s); released %d machine(s)", why[:200],
                  len(dict.fromkeys([*ids, *found])))
 
-    async def _instance(self, iid: str) -> dict[str, Any] | None:
-        """The instance as Vast shows it now; None when it no longer exists."""
-        try:
-            data = await self.client.call("GET", f"/api/v0/instances/{iid}/", params={"owner": "me"})
-        except Refused as exc:
-            if exc.status == 404:
-                return None
-            raise
-        inst = data.get("instances") if isinstance(data, dict) else None
-        return inst if isinstance(inst, dict) and inst else None
-
     async def poll(self, alloc: Allocation) -> AllocationStatus:
         if alloc.nodes > len(alloc.resource_ids):  # a multi-machine launch cut short (by a crash): never started
             return AllocationStatus(state=AllocationState.released,
@@ -245,12 +319,13 @@ class VastProvider(HasJobLogs, AssemblesNodes):
         if len(alloc.resource_ids) > 1:
             return await self._poll_machines(alloc)
         iid = alloc.resource_ids[0]
-        inst = await self._instance(iid)
+        bid = alloc.attrs.get("market") == Market.spot.value
+        inst = (await self._rows(alloc.resource_ids)).get(iid)
         if inst is None:  # the lifecycle requeues the job it held (a preemption, counted, with this reason)
             return AllocationStatus(state=AllocationState.released,
                                     reason=f"Vast instance {iid} vanished: destroyed outside Lockstep or lost "
                                            f"with its host")
-        state, reason = map_instance_state(inst)
+        state, reason = map_instance_state(inst, bid=bid)
         host = str(inst.get("public_ipaddr") or inst.get("ssh_host") or "")
         hosts = [host] if host else []
         if str(inst.get("actual_status") or "").lower() != "exited":
@@ -276,7 +351,9 @@ class VastProvider(HasJobLogs, AssemblesNodes):
         """Several machines as one allocation: one gone → released (the job is requeued and the rest
         destroyed), one preempted → preempted, one failed → failed (the rest are destroyed with it), all
         ended well → succeeded, all running (or ended well) → running, else pending."""
-        insts = await asyncio.gather(*(self._instance(i) for i in alloc.resource_ids))
+        rows = await self._rows(alloc.resource_ids)
+        insts = [rows.get(i) for i in alloc.resource_ids]
+        bid = alloc.attrs.get("market") == Market.spot.value
         hosts = [str(i.get("public_ipaddr") or i.get("ssh_host") or "") if i else "" for i in insts]
         for rank, (iid, inst) in enumerate(zip(alloc.resource_ids, insts, strict=True)):
             if inst is None:
@@ -287,7 +364,7 @@ class VastProvider(HasJobLogs, AssemblesNodes):
         ended: list[JobExit] = []
         for rank, (iid, inst) in enumerate(zip(alloc.resource_ids, insts, strict=True)):
             assert inst is not None
-            state, reason = map_instance_state(inst)
+            state, reason = map_instance_state(inst, bid=bid)
             if str(inst.get("actual_status") or "").lower() == "exited":
                 end = await self._node_end(iid, inst, exit_nonce(alloc.job_id, alloc.attempt))
                 if state is AllocationState.preempted and end.reason in (ExitReason.signal, ExitReason.error):
@@ -331,6 +408,7 @@ class VastProvider(HasJobLogs, AssemblesNodes):
             raise
 
     async def release(self, alloc: Allocation) -> None:
+        self._listing = None
         for iid in alloc.resource_ids:
             try:
                 await self.client.call("DELETE", f"/api/v0/instances/{iid}/", body={})

@@ -48,7 +48,8 @@ def create_body(req: LaunchRequest, label: str, *, env: Mapping[str, str], image
                 ) -> dict[str, Any]:
     """The body of ``PUT /api/v0/asks/{id}/`` for one machine of a launch: a bid at the ask's ``min_bid`` for a
     spot offer, else on-demand; the container runs the in-job wrapper (:mod:`.runtime`) and exits with the
-    job's command (``runtype: "args"``, ``onstart`` being the entrypoint of an args launch)."""
+    job's command (``runtype: "args"``). The container's entrypoint goes in ``entrypoint``, the API reference's
+    field for it, and in ``onstart`` too, which Vast's CLI (1.9.1) still sends as an args launch's entrypoint."""
     spec = req.spec
     bid = None
     if req.offer.market == Market.spot:
@@ -62,6 +63,7 @@ def create_body(req: LaunchRequest, label: str, *, env: Mapping[str, str], image
         "price": bid,  # set = an interruptible bid at this $/h; null = on-demand
         "disk": spec.disk_gb,
         "label": label,
+        "entrypoint": ENTRYPOINT,
         "onstart": ENTRYPOINT,
         "runtype": "args",
         "args": list(BOOT_ARGS),

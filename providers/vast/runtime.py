@@ -8,7 +8,11 @@ stdout and ends with a ``LOCKSTEP-EXIT {...}`` line, which the broker reads back
 When the command ends the container exits, and the broker destroys the instance.
 
 A launch of N machines (an assembled multi-node job) is N create bodies with the same manifest
-(rendezvous ``env``) and an ``env`` that differs only in ``LOCKSTEP_NODE_RANK`` (:func:`peers_env`).
+(rendezvous ``env``) and an ``env`` that differs only in ``LOCKSTEP_NODE_RANK`` (:func:`head_env`,
+:func:`peers_env`). A container's port is reached from outside only through the port Vast maps it to: the
+head asks for Vast's identity form (``-p 70000:70000``, a free port X mapped X:X, told to the container as
+``VAST_TCP_PORT_70000``) and listens on X; the others are created once X shows on the head's instance and
+are given it. The bootstrap writes that port into the manifest's rendezvous before the wrapper reads it.
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ PARTS_VAR = "LOCKSTEP_MANIFEST_PARTS"
 # A larger manifest (a job's files reach 512 KiB) is split into LOCKSTEP_MANIFEST_0..N-1.
 ENV_CHUNK = 64 * 1024
 ENTRYPOINT = "sh"
+# Vast's identity port form: an internal port of 70000 or more asks for a free port X mapped X:X.
+IDENTITY_PORT = 70000
+PORT_VAR = f"VAST_TCP_PORT_{IDENTITY_PORT}"  # what Vast tells the container X is
+RDZV_PORT_VAR = "LOCKSTEP_VAST_RDZV_PORT"  # "self" (the head: X is its own PORT_VAR) or X (the others)
 NO_PYTHON = ("this image has no python3, which Lockstep's run-time wrapper needs (docs/vast.md): "
              "use an image with Python 3.6 or later")
 
@@ -90,6 +98,12 @@ BOOT_PY = (
     "e=os.environ\n"
     f"n=int(e.pop('{PARTS_VAR}','0') or 0)\n"
     f"if n: e['{MANIFEST_VAR}']=''.join(e.pop('{MANIFEST_VAR}_%d'%i) for i in range(n))\n"
+    f"r=e.pop('{RDZV_PORT_VAR}','')\n"
+    "if r:\n"
+    " import json\n"
+    f" m=json.loads(gzip.decompress(base64.b64decode(e['{MANIFEST_VAR}'])))\n"
+    f" m['rendezvous']['port']=int(e['{PORT_VAR}'] if r=='self' else r)\n"
+    f" e['{MANIFEST_VAR}']=base64.b64encode(gzip.compress(json.dumps(m).encode())).decode()\n"
     f"src=gzip.decompress(base64.b64decode(e.pop('{WRAPPER_VAR}')))\n"
     "sys.argv=['lockstep-run']\n"
     "exec(compile(src,'lockstep-run.py','exec'),{'__name__':'__main__'})\n"
@@ -112,12 +126,18 @@ def single_node() -> dict[str, Any]:
     return {"mode": "single"}
 
 
-def peers_env(rank: int, addrs: list[str], port: int) -> dict[str, str]:
-    """What one machine of a multi-machine job adds to its ``env``: its rank and every machine's address in
+def head_env(addrs: list[str]) -> dict[str, str]:
+    """What the head (rank 0) of a multi-machine job adds to its ``env``: its rank, every machine's address in
     rank order (the wrapper's ``env`` rendezvous turns them into the ``LOCKSTEP_*`` variables), and Vast's
-    docker-style option that opens the rendezvous port (``-p P:P``, as ``vastai create instance --env``
-    sends it)."""
-    return {"LOCKSTEP_NODE_RANK": str(rank), "LOCKSTEP_NODE_ADDRS": ",".join(addrs), f"-p {port}:{port}": "1"}
+    docker-style option for an identity-mapped port (``-p 70000:70000``, as ``vastai create instance --env``
+    sends options): its rendezvous port is the one Vast picks."""
+    return {"LOCKSTEP_NODE_RANK": "0", "LOCKSTEP_NODE_ADDRS": ",".join(addrs),
+            f"-p {IDENTITY_PORT}:{IDENTITY_PORT}": "1", RDZV_PORT_VAR: "self"}
+
+
+def peers_env(rank: int, addrs: list[str], port: int) -> dict[str, str]:
+    """What another machine (rank ≥ 1) adds: its rank, the addresses, and the head's mapped port ``port``."""
+    return {"LOCKSTEP_NODE_RANK": str(rank), "LOCKSTEP_NODE_ADDRS": ",".join(addrs), RDZV_PORT_VAR: str(port)}
 
 
 def node_env(run: RunRequest, manifest: Mapping[str, Any]) -> dict[str, str]:

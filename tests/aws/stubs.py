@@ -25,6 +25,7 @@ UNUSED_ENDPOINT = "http://127.0.0.1:9"
 
 
 def stub_config(**overrides: Any) -> AwsConfig:
+    regions = overrides.get("regions", ["us-east-1"])
     data: dict[str, Any] = {
         "enabled": True,
         "regions": ["us-east-1"],
@@ -32,6 +33,9 @@ def stub_config(**overrides: Any) -> AwsConfig:
         "max_attempts": 3,
         "subnet_ids": {"us-east-1a": "subnet-0a1b2c3d4e5f60718"},
         "security_group_ids": ["sg-0123456789abcdef0"],
+        # Each listed region's own image (AMI ids are regional); `regions: all` resolves a parameter.
+        "image_id": "ami-12c6146b" if isinstance(regions, list) else "resolve:ssm:/lockstep/tests/ami",
+        "images": {r: "ami-12c6146b" for r in regions} if isinstance(regions, list) else {},
     }
     data.update(overrides)
     return AwsConfig.model_validate(data)

@@ -37,7 +37,8 @@ from providers.registry import build_providers
 
 def settings_for(installation: str, worker_interval_s: float) -> Settings:
     return load_settings(
-        aws={"enabled": True, "regions": ["us-east-1"], "region_timeout_s": 60.0, "max_attempts": 2,
+        aws={"enabled": True, "regions": ["us-east-1"], "image_id": "ami-12c6146b",  # moto's AMI (one region)
+             "region_timeout_s": 60.0, "max_attempts": 2,
              "placement_groups": False, "capacity_reservations": False},  # moto emulates neither
         vast={"enabled": True, "min_reliability": 0.0, "verified_only": False, "timeout_s": 10.0,
               "max_attempts": 8, "backoff_initial_s": 0.01, "backoff_max_s": 0.1, "retry_after_max_s": 0.1},

@@ -7,8 +7,9 @@
 - ``aws_config`` (function): an AwsConfig pointing at moto (us-east-1 only, placement groups off:
   moto does not emulate them; see docs/aws.md).
 - ``aws_faults`` (function): a :class:`FaultProxy` (aiohttp on 127.0.0.1, its own thread and loop)
-  forwarding to moto; ``fail(action, code, zone=None, times=None, region=None)`` makes it answer that
-  EC2 Action (optionally only for requests whose Placement.AvailabilityZone is ``zone``, or signed
+  forwarding to moto, which knows AMI ids per region (``images``: EC2's ``InvalidAMIID.NotFound`` for another
+  region's image, which moto itself would launch); ``fail(action, code, zone=None, times=None, region=None)``
+  makes it answer that EC2 Action (optionally only for requests whose Placement.AvailabilityZone is ``zone``, or signed
   for ``region``; optionally only ``times`` times) with a real EC2 XML error; ``clear()`` drops the
   rules; ``calls`` lists (action, zone, region) of every request seen, ``actions(name)`` the zones.
 - ``aws_proxy_config`` (function): an AwsConfig going through the proxy.
@@ -37,14 +38,15 @@ from tests.conftest import missing
 _DUMMY_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_SECURITY_TOKEN": "testing",
-    "AWS_SESSION_TOKEN": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_EC2_METADATA_DISABLED": "true",  # never ask a metadata service for a role
     "AWS_CONFIG_FILE": os.devnull,
     "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
 }
-_UNSET_ENV = ("AWS_PROFILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ENDPOINT_URL")
+# Long-term keys (no session token): presigned URLs then provably live their lifetime (providers/aws/uploads.py);
+# tests of temporary credentials give a session its own.
+_UNSET_ENV = ("AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE",
+              "AWS_ENDPOINT_URL")
 
 # EC2 answers these with a 5xx; the rest of its error codes come with a 400.
 _SERVER_CODES = {
@@ -92,10 +94,18 @@ def aws_moto(moto_server: str) -> str:
     return moto_server
 
 
+MOTO_AMI = "ami-12c6146b"  # an image moto's EC2 knows in every region; real AMI ids are regional
+
+
 def moto_config(endpoint_url: str, **overrides: object) -> AwsConfig:
+    """An AwsConfig on moto. Unless the test says otherwise, each listed region's image is moto's own AMI
+    (`regions: all` resolves an SSM parameter the test puts)."""
+    regions = overrides.get("regions", ["us-east-1"])
     data: dict[str, object] = {
         "enabled": True,
         "regions": ["us-east-1"],
+        "image_id": MOTO_AMI if isinstance(regions, list) else "resolve:ssm:/lockstep/tests/ami",
+        "images": {r: MOTO_AMI for r in regions} if isinstance(regions, list) else {},
         "endpoint_url": endpoint_url,
         "region_timeout_s": 60.0,  # the first EC2 call loads moto's data (~2.5 s); CI has 2 slow cores
         "max_attempts": 2,
@@ -171,6 +181,9 @@ class FaultProxy:
         self.upstream = upstream.rstrip("/")
         self.url = ""
         self.calls: list[tuple[str, str | None, str | None]] = []  # (action, zone, region)
+        # region → the AMI ids that exist there. AMI ids are regional on EC2 (moto launches any id anywhere):
+        # with a region listed, RunInstances of another image there answers InvalidAMIID.NotFound, as EC2 does.
+        self.images: dict[str, set[str]] = {}
         self._rules: list[FaultRule] = []
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -216,6 +229,7 @@ class FaultProxy:
         with self._lock:
             self._rules.clear()
             self.calls.clear()
+            self.images.clear()
 
     def actions(self, action: str) -> list[str | None]:
         """Zones of the ``action`` requests seen (None where the request named no zone)."""
@@ -280,6 +294,10 @@ class FaultProxy:
         region = signed_region(request.headers.get("Authorization", ""))
         market = (form.get("InstanceMarketOptions.MarketType") or ["on_demand"])[0]
         rule = self._match(action, zone, region, market) if action else None
+        image = (form.get("ImageId") or [""])[0]
+        known = self.images.get(region or "")
+        if rule is None and action == "RunInstances" and known is not None and image not in known:
+            rule = FaultRule(action, "InvalidAMIID.NotFound", message=f"The image id '[{image}]' does not exist")
         if rule is not None:
             return web.Response(
                 status=rule.status, body=ec2_error_xml(rule.code, rule.message), content_type="text/xml"

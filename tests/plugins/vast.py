@@ -3,7 +3,8 @@
 - ``vast_server``: the running server (session); ``vast_server.state`` holds its market, rentals, request log
   and faults.
 - ``vast_api``: the same server, reset for this test (fresh market, no rentals, no faults, empty log).
-- ``vast_config``: a VastConfig pointing at it, with a short backoff so retry tests stay quick.
+- ``vast_config``: a VastConfig pointing at it, with a short backoff so retry tests stay quick, and no reuse
+  of the instance list between polls (tests move instances between two polls).
 """
 
 from __future__ import annotations
@@ -48,4 +49,6 @@ def vast_config(vast_api: VastApiServer) -> VastConfig:
         backoff_initial_s=0.001,
         backoff_max_s=0.01,
         retry_after_max_s=0.01,
+        list_reuse_s=0.0,  # every poll reads the list afresh: tests move instances between polls
+        ports_wait_s=60.0,
     )

@@ -55,10 +55,15 @@ class NewSlurm:
     next_id: int = 9_000_001
     fail_nodes: int = 0  # answer GET nodes with a bare 503 this many times first
     nodes_calls: int = 0
+    meta: dict[str, Any] | None = None  # a recorded answer's meta (Slurm 23.11.1), else a short one
+    warnings: list[dict[str, Any]] = field(default_factory=list)  # sent with every answer
+    submit_warnings: list[dict[str, Any]] = field(default_factory=list)  # sent with submit answers only
 
-    def reply(self, body: dict[str, Any], status: int = 200) -> web.Response:
-        meta = {"plugin": {"type": f"openapi/{self.version}"}, "slurm": {"release": "23.11.1"}}
-        return web.json_response({"meta": meta, "errors": [], "warnings": [], **body}, status=status)
+    def reply(self, body: dict[str, Any], status: int = 200, warnings: list[dict[str, Any]] | None = None
+              ) -> web.Response:
+        meta = self.meta or {"plugin": {"type": f"openapi/{self.version}"}, "slurm": {"release": "23.11.1"}}
+        return web.json_response({"meta": meta, "errors": [], "warnings": [*self.warnings, *(warnings or [])],
+                                  **body}, status=status)
 
     def error(self, status: int, errno: int, text: str) -> web.Response:
         return web.json_response({"errors": [{"error_number": errno, "error": text}], "warnings": []}, status=status)
@@ -127,7 +132,8 @@ class NewSlurm:
             )
             self.jobs.append(new)
             self.next_id += 1
-            return self.reply({"job_id": new["job_id"], "step_id": "batch", "job_submit_user_msg": ""})
+            return self.reply({"job_id": new["job_id"], "step_id": "batch", "job_submit_user_msg": ""},
+                              warnings=self.submit_warnings)
 
         async def node_post(request: web.Request) -> web.Response:
             body = await request.json()

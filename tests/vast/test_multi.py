@@ -73,7 +73,13 @@ async def test_a_two_node_job_runs_on_two_machines_with_one_rendezvous_and_both_
     assert labels == [f"{base}#0/2", f"{base}#1/2"]
     asks = {broker.vast.state.instances[i]["ask_id"] for i in iids}
     assert {f"vast:{a}" for a in asks} == set(member_ids(alloc.offer_id))  # the two machines the quote chose
-    assert all(f"-p {port}:{port}" in c["body"]["env"] for c in _creates(broker.vast))
+    # The head asked for Vast's identity form; the rendezvous port is the one Vast mapped for it, which every
+    # rank was given (not the spec's port: on Vast a container's port is reached only through its mapping).
+    creates = _creates(broker.vast)
+    assert "-p 70000:70000" in creates[0]["body"]["env"] and "-p 70000:70000" not in creates[1]["body"]["env"]
+    [mapped] = [k for k in broker.vast.state.instances[iids[0]]["ports"] if k != "22/tcp"]
+    port = int(mapped.split("/")[0])
+    assert broker.vast.state.instances[iids[0]]["ports"][mapped][0]["HostPort"] == str(port)
 
     async def ended() -> bool:
         await broker.svc.poll_now()

@@ -35,6 +35,12 @@ a create whose answer is lost (rented, then 502), and
 slow creates (before renting, or between renting and answering).
 ``/_admin/*`` needs no key: loopback only.
 
+As the real service does (issue 28; Vast's official CLI is run against it in tests/vast/test_official_cli.py):
+JSON answers say ``Content-Type: application/json`` exactly; the instance list refuses ``limit`` above 25;
+``Faults.rate_limit`` answers 429 per endpoint and key with no Retry-After; instance rows carry no ``is_bid``;
+an args launch runs ``entrypoint`` (else ``onstart``, as the CLI sends it); each ``-p A:B`` of a create's ``env``
+gets a random external port (``ports``, ``VAST_TCP_PORT_B``), ``-p 70000:70000`` and above the identity form.
+
 Standalone: ``python -m tests.vastapi.server --port 8765 --api-key KEY`` then point ``LOCKSTEP_VAST_URL`` at it.
 """
 
@@ -88,9 +94,15 @@ class Faults:
     slow_create_s: float = 0.0  # creates wait this long before renting (a launch still in flight)
     slow_create_answer_s: float = 0.0  # creates rent at once, then wait this long before answering
     numbers_as_strings: bool = False  # searches answer prices, counts and speeds as strings ("0.42")
+    # Vast's rate limit, per endpoint and per key: more than rate_limit calls to one endpoint within
+    # rate_window_s answer 429 with no Retry-After (as the real service sends them). 0: no limit.
+    rate_limit: int = 0
+    rate_window_s: float = 1.0
     seed: int = 1
 
 
+LIST_LIMIT_MAX = 25  # the instance list's page size: Vast's CLI and SDK clamp to 1..25; more is refused here
+IDENTITY_PORT_MIN = 70000  # "-p 70000:70000": Vast picks a free port X and maps X:X (VAST_TCP_PORT_70000=X)
 STOP_GRACE_S = 10.0  # docker stop's TERM → KILL
 # Every process of a container carries this variable (as every process of a real container is in its PID
 # namespace): a process that left the container's process group (a new session) is still found and killed.
@@ -235,6 +247,7 @@ class VastState:
     log_uploads: dict[str, dict[str, Any]] = field(default_factory=dict)  # result URL token → the uploaded log
     images_without_python: set[str] = field(default_factory=set)
     creates_seen: int = 0  # creates since the faults were last set (for steal_create_number)
+    calls: dict[str, list[float]] = field(default_factory=dict)  # endpoint → recent call times (rate limit)
     _fault_rng: random.Random = field(default_factory=lambda: random.Random(1))
     _root: Path | None = None
 
@@ -275,12 +288,67 @@ class VastState:
             return
         if self._root is None:
             self._root = Path(tempfile.mkdtemp(prefix="vastapi-"))
-        argv = [str(inst["onstart"])] if inst.get("onstart") else []
+        # The API reference's ``entrypoint`` field; Vast's CLI (1.9.1) still sends an args launch's entrypoint as
+        # ``onstart``, which the service takes when no ``entrypoint`` is given.
+        entry = inst.get("_entrypoint") or inst.get("onstart")
+        argv = [str(entry)] if entry else []
         argv += [str(a) for a in inst.get("image_args") or []]
         env = {str(k): str(v) for k, v in inst.get("extra_env") or []}
+        env.update(self.map_ports(inst))
         box = Container(argv, env, self._root / str(iid), inst.get("image_uuid") in self.images_without_python)
         self.containers[iid] = box
         self.note(iid, f"container for {inst.get('image_uuid')} started" if box.proc else box.status_msg)
+
+    def map_ports(self, inst: dict[str, Any]) -> dict[str, str]:
+        """Docker-style ``-p A:B`` options of the create's ``env`` → the instance's ``ports`` (as docker inspect
+        shows them) and the ``VAST_TCP_PORT_<internal>`` variables its container gets. A plain mapping gets a
+        random external port on the (shared) public address, as on Vast; ``-p 70000:70000`` and above is Vast's
+        identity form: a free port X, mapped X:X. Ports show once the container exists. (Here every container is
+        a process of this host: a plain mapping is reported, not forwarded.)"""
+        ports: dict[str, list[dict[str, str]]] = {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(free_port())}]}
+        env: dict[str, str] = {}
+        for key, _ in inst.get("extra_env") or []:
+            opt = str(key).strip()
+            if not opt.startswith("-p "):
+                continue
+            outer, _, inner = opt[3:].strip().partition(":")
+            inner = inner.split("/")[0]
+            if not (outer.isdigit() and inner.isdigit()):
+                continue
+            if int(outer) >= IDENTITY_PORT_MIN and outer == inner:
+                chosen = free_port()
+                ports[f"{chosen}/tcp"] = [{"HostIp": "0.0.0.0", "HostPort": str(chosen)}]
+                env[f"VAST_TCP_PORT_{inner}"] = str(chosen)
+            else:
+                external = free_port()
+                ports[f"{inner}/tcp"] = [{"HostIp": "0.0.0.0", "HostPort": str(external)}]
+                env[f"VAST_TCP_PORT_{inner}"] = str(external)
+        env["PUBLIC_IPADDR"] = str(inst.get("public_ipaddr") or "")
+        inst["ports"] = ports
+        return env
+
+    def look(self, inst: dict[str, Any]) -> None:
+        """A new instance loads its image, then runs (an args launch starts its command): each look, through the
+        list or the show endpoint, moves it one step."""
+        if inst["actual_status"] is None:
+            inst["actual_status"] = "loading"
+            inst["status_msg"] = "Pulling image"
+            self.note(inst["id"], f"pulling {inst.get('image_uuid')}")
+        elif inst["actual_status"] == "loading":
+            inst.update(actual_status="running", status_msg="", uptime_mins=0.1)
+            self.start_container(inst)
+        self.refresh(inst)
+
+    def limited(self, endpoint: str) -> bool:
+        """Is this call over the rate limit of its endpoint? (Counted whether refused or not, as a bucket.)"""
+        f = self.faults
+        if not f.rate_limit:
+            return False
+        now = time.monotonic()
+        recent = [t for t in self.calls.get(endpoint, []) if now - t < f.rate_window_s]
+        recent.append(now)
+        self.calls[endpoint] = recent
+        return len(recent) > f.rate_limit
 
     def refresh(self, inst: dict[str, Any]) -> None:
         """A running container whose process ended is ``exited`` (its ``status_msg`` says how, docker's words)."""
@@ -298,6 +366,8 @@ class VastState:
     def outbid(self, instance_id: int) -> None:
         """A higher bid takes an interruptible instance's machine: its container is stopped (docker stop)."""
         inst = self.instances[instance_id]
+        # Vast's instance rows carry no is_bid (a field of offers): an outbid instance is one the renter wants
+        # running (intended_status) that its host has stopped.
         inst.update(actual_status="exited", cur_state="stopped", intended_status="running",
                     status_msg="stopped: outbid")
         box = self.containers.get(instance_id)
@@ -313,6 +383,7 @@ class VastState:
     def set_faults(self, faults: Faults) -> None:
         self.faults = faults
         self.creates_seen = 0
+        self.calls.clear()
         self._fault_rng = random.Random(faults.seed)
 
     def rent_by_other(self, ask_id: int) -> None:
@@ -429,8 +500,15 @@ def priced(offer: dict[str, Any], storage_gib: float, bid: bool) -> dict[str, An
 # --------------------------------------------------------------------------- HTTP
 
 
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    """A JSON answer with ``Content-Type: application/json`` exactly, as the real service sends it (aiohttp's
+    own adds ``; charset=utf-8``, which Vast's CLI refuses: "invalid return Content-Type")."""
+    return web.Response(body=json.dumps(data).encode(), status=status, headers=headers,
+                        content_type="application/json")
+
+
 def _error(status: int, error: str, msg: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"success": False, "error": error, "msg": msg}, status=status, headers=headers)
+    return _json({"success": False, "error": error, "msg": msg}, status=status, headers=headers)
 
 
 STATE: web.AppKey[VastState] = web.AppKey("vast_state", VastState)
@@ -459,6 +537,9 @@ async def _gate(request: web.Request, handler: Any) -> web.StreamResponse:
         return _error(401, "invalid_user_key", "Invalid user key")
     if f.quota_exhausted and request.path in ("/api/v0/bundles/", "/api/v0/search/asks/"):
         return _error(429, "daily_search_quota", "daily search quota exceeded; it resets at 00:00 UTC")
+    route = request.match_info.route.resource
+    if state.limited(route.canonical if route is not None else request.path):
+        return _error(429, "too_many_requests", "API requests too frequent")  # Vast sends no Retry-After
     retry_after = {"Retry-After": f"{f.retry_after_s:g}"}
     if f.burst_429 > 0:
         f.burst_429 -= 1
@@ -498,7 +579,7 @@ async def _search(request: web.Request) -> web.Response:
     rows = rows[:limit]
     if state.faults.numbers_as_strings:
         rows = [{k: str(v) if k in STRINGY and v is not None else v for k, v in r.items()} for r in rows]
-    return web.json_response({"offers": rows})
+    return _json({"offers": rows})
 
 
 async def _create(request: web.Request) -> web.Response:
@@ -535,7 +616,8 @@ async def _create(request: web.Request) -> web.Response:
         "id": iid, "ask_id": ask_id, "machine_id": offer["machine_id"], "host_id": offer["host_id"],
         "actual_status": None, "cur_state": "running", "next_state": "running", "intended_status": "running",
         "image_uuid": body["image"], "image_args": body.get("args") or [], "image_runtype": body.get("runtype"),
-        "label": body.get("label"), "onstart": body.get("onstart"), "extra_env": list((body.get("env") or {}).items()),
+        "label": body.get("label"), "onstart": body.get("onstart"), "_entrypoint": body.get("entrypoint"),
+        "extra_env": list((body.get("env") or {}).items()),
         "num_gpus": offer["num_gpus"], "gpu_name": offer["gpu_name"], "gpu_ram": offer["gpu_ram"],
         "gpu_util": None, "gpu_arch": "nvidia", "gpu_temp": None, "cuda_max_good": offer["cuda_max_good"],
         "driver_version": offer["driver_version"], "cpu_cores_effective": offer["cpu_cores_effective"],
@@ -544,7 +626,7 @@ async def _create(request: web.Request) -> web.Response:
         "ssh_host": f"ssh{iid % 9}.vast.example", "ssh_port": 20000 + iid % 10000, "ssh_idx": str(iid % 9),
         "status_msg": "", "uptime_mins": None, "start_date": time.time(), "end_date": offer["end_date"],
         "dph_total": price if price is not None else p["dph_total"], "dph_base": offer["dph_base"],
-        "is_bid": price is not None, "min_bid": offer["min_bid"], "geolocation": offer["geolocation"],
+        "_bid": price is not None, "geolocation": offer["geolocation"],
         "reliability2": offer["reliability2"], "template_id": None, "template_hash_id": None, "ports": {},
     }
     if state.faults.lose_next_create > 0:
@@ -552,11 +634,12 @@ async def _create(request: web.Request) -> web.Response:
         return _error(502, "bad_gateway", "upstream timed out")
     if state.faults.slow_create_answer_s:
         await asyncio.sleep(state.faults.slow_create_answer_s)
-    return web.json_response({"success": True, "new_contract": iid})
+    return _json({"success": True, "new_contract": iid})
 
 
 def _public(inst: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in inst.items() if k != "ask_id"}
+    """An instance row as the API shows it (without what only this server keeps)."""
+    return {k: v for k, v in inst.items() if k != "ask_id" and not k.startswith("_")}
 
 
 async def _list_instances(request: web.Request) -> web.Response:
@@ -564,11 +647,13 @@ async def _list_instances(request: web.Request) -> web.Response:
     try:
         filters = json.loads(request.query.get("select_filters", "{}"))
         order_by = json.loads(request.query.get("order_by", '[{"col": "id", "dir": "asc"}]'))
-        limit = max(1, min(int(request.query.get("limit", "25")), 100))
+        limit = int(request.query.get("limit", "25"))
+        if not 1 <= limit <= LIST_LIMIT_MAX:
+            return _error(400, "invalid_args", f"limit must be between 1 and {LIST_LIMIT_MAX}")
         token = request.query.get("after_token")
         after = int(base64.urlsafe_b64decode(token.encode()).decode()) if token else None
         for inst in state.instances.values():
-            state.refresh(inst)
+            state.look(inst)
         rows = [_public(i) for i in state.instances.values()]
         known = set(rows[0]) if rows else {"id", "label"}
         rows = apply_filters(rows, filters, known)
@@ -587,7 +672,7 @@ async def _list_instances(request: web.Request) -> web.Response:
     for inst in state.instances.values():
         if inst.get("label"):
             labels[inst["label"]] = labels.get(inst["label"], 0) + 1
-    return web.json_response({"instances": page, "next_token": next_token, "total_instances": total,
+    return _json({"instances": page, "next_token": next_token, "total_instances": total,
                               "label_counts": labels})
 
 
@@ -596,22 +681,14 @@ async def _show_instance(request: web.Request) -> web.Response:
     inst = state.instances.get(int(request.match_info["instance_id"]))
     if inst is None:
         return _error(404, "no_such_instance", "Instance not found.")
-    # A new instance loads its image, then runs (an args launch starts its command): each look moves it one step.
-    if inst["actual_status"] is None:
-        inst["actual_status"] = "loading"
-        inst["status_msg"] = "Pulling image"
-        state.note(inst["id"], f"pulling {inst.get('image_uuid')}")
-    elif inst["actual_status"] == "loading":
-        inst.update(actual_status="running", status_msg="", uptime_mins=0.1)
-        state.start_container(inst)
-    state.refresh(inst)
-    return web.json_response({"instances": _public(inst)})
+    state.look(inst)
+    return _json({"instances": _public(inst)})
 
 
 async def _destroy(request: web.Request) -> web.Response:
     if request.app[STATE].destroy(int(request.match_info["instance_id"])) is None:
         return _error(404, "no_such_instance", "Instance not found.")
-    return web.json_response({"success": True})
+    return _json({"success": True})
 
 
 def _tail(text: str, body: dict[str, Any]) -> str:
@@ -646,7 +723,7 @@ async def _request_logs(request: web.Request) -> web.Response:
     token = secrets.token_hex(16)
     state.log_uploads[token] = {"instance_id": iid, "text": text, "gets": 0}
     url = f"{request.scheme}://{request.host}/_s3/instance_logs/{token}.log"
-    return web.json_response({"success": True, "result_url": url, "msg": "Logs will be uploaded to the result url"})
+    return _json({"success": True, "result_url": url, "msg": "Logs will be uploaded to the result url"})
 
 
 async def _uploaded_log(request: web.Request) -> web.Response:
@@ -666,22 +743,22 @@ async def _uploaded_log(request: web.Request) -> web.Response:
 
 async def _admin_reset(request: web.Request) -> web.Response:
     request.app[STATE].reset()
-    return web.json_response({"success": True})
+    return _json({"success": True})
 
 
 async def _admin_faults(request: web.Request) -> web.Response:
     data = await request.json()
     request.app[STATE].set_faults(Faults(**data))
-    return web.json_response({"success": True})
+    return _json({"success": True})
 
 
 async def _admin_requests(request: web.Request) -> web.Response:
-    return web.json_response({"requests": request.app[STATE].requests})
+    return _json({"requests": request.app[STATE].requests})
 
 
 async def _admin_steal(request: web.Request) -> web.Response:
     request.app[STATE].rent_by_other(int(request.match_info["ask_id"]))
-    return web.json_response({"success": True})
+    return _json({"success": True})
 
 
 def make_app(state: VastState) -> web.Application:

@@ -63,6 +63,13 @@ def billing_start(created_at: datetime, attrs: Mapping[str, str] | None) -> date
     return as_utc(since) if since else as_utc(created_at)
 
 
+def accrues(attrs: Mapping[str, str] | None) -> bool:
+    """Is a live allocation being billed now? Only once its market started it (``running_since``, the market's
+    own start where it reports one): a job waiting in a market's queue (Slurm PENDING, EC2 pending) costs
+    nothing yet."""
+    return bool((attrs or {}).get("running_since"))
+
+
 # --------------------------------------------------------------------------- enums
 
 
@@ -962,6 +969,10 @@ class AllocationStatus(BaseModel):
     reason: str = ""
     hosts: list[str] = Field(default_factory=list)
     exit: JobExit | None = None
+    # The market's own record of when it began and stopped billing the allocation, where it reports one
+    # (Slurm's start_time/end_time): billed time follows the market, not the moment a poll noticed.
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
 
 
 class LogLine(BaseModel):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +28,7 @@ from broker.models import (
     JobSpec,
     JobState,
     QuoteOption,
+    accrues,
     as_utc,
     billing_start,
     utcnow,
@@ -95,6 +97,18 @@ LIVE_STATES: tuple[AllocationState, ...] = tuple(AllocationState(s) for s in LIV
 # Allocations that cost money while they last (for spend accrual).
 BILLING_STATES: tuple[str, ...] = (AllocationState.pending.value, AllocationState.running.value)
 ID_CHUNK = 500  # ids per IN (...) list: under SQLite's and PostgreSQL's bind parameter limits
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """What :meth:`JobStore.record_launch` wrote, or found another writer had decided: the allocation's state
+    now, whether this launch's record won over its intent, and the job as moved (None when it was not: see
+    ``job_state``)."""
+
+    alloc_state: AllocationState
+    recorded: bool
+    job: Job | None
+    job_state: JobState
 
 
 def _job(row: Row[Any] | dict[str, Any], events: list[JobEvent] | None = None) -> Job:
@@ -378,9 +392,11 @@ class JobStore(Database):
         reason: str = "",
         data: dict[str, Any] | None = None,
         expected: set[JobState] | None = None,
+        *,
+        events: bool = True,
         **fields: Any,
     ) -> Job:
-        """Move a job to ``to_state`` and record the event, atomically.
+        """Move a job to ``to_state`` and record the event, atomically (``events``: see :meth:`_move_in`).
 
         ConflictError when the move is not in ALLOWED_TRANSITIONS or the job's
         current state is not in ``expected``. Extra ``fields`` (placement,
@@ -390,25 +406,31 @@ class JobStore(Database):
         claimed_by=worker)`` locks the job's row (PostgreSQL ``FOR UPDATE``), so of two
         replicas claiming the same job one wins and the other gets a ConflictError.
         """
-        to_state = JobState(to_state)
         values = self._job_values(fields)
         with self._tx() as conn:
-            row = self._job_row(conn, job_id, lock=True)
-            current = JobState(row.state)
-            if expected is not None and current not in expected:
-                raise ConflictError(
-                    f"job {job_id} is {current.value}, expected {'/'.join(sorted(s.value for s in expected))}"
-                )
-            if to_state not in ALLOWED_TRANSITIONS[current]:
-                raise ConflictError(f"job {job_id}: {current.value} → {to_state.value} is not allowed")
-            now = utcnow()
-            values.update(state=to_state.value, reason=reason, updated_at=now)
-            events = self._events_in(conn, job_id)
-            conn.execute(UPDATE_JOB, {"job_key": job_id, **values})
-            event = self._insert_event(conn, job_id, current, to_state, reason, data, now)
-            # The job as now stored: the row read under the lock with these values on top (not read again).
-            after = {**row._mapping, **{k: as_utc(v) if isinstance(v, datetime) else v for k, v in values.items()}}
-            return _job(after, [*events, event])
+            return self._move_in(conn, job_id, JobState(to_state), reason, data, expected, values, events=events)
+
+    def _move_in(self, conn: Connection, job_id: str, to_state: JobState, reason: str, data: dict[str, Any] | None,
+                 expected: set[JobState] | None, values: dict[str, Any], *, events: bool = True) -> Job:
+        """:meth:`transition` inside the caller's transaction (``values``: checked job fields). With
+        ``events`` False the job comes back with only the event this move wrote, not its history (one read
+        fewer: the writers of a placement do not need it)."""
+        row = self._job_row(conn, job_id, lock=True)
+        current = JobState(row.state)
+        if expected is not None and current not in expected:
+            raise ConflictError(
+                f"job {job_id} is {current.value}, expected {'/'.join(sorted(s.value for s in expected))}"
+            )
+        if to_state not in ALLOWED_TRANSITIONS[current]:
+            raise ConflictError(f"job {job_id}: {current.value} → {to_state.value} is not allowed")
+        now = utcnow()
+        values = {**values, "state": to_state.value, "reason": reason, "updated_at": now}
+        history = self._events_in(conn, job_id) if events else []
+        conn.execute(UPDATE_JOB, {"job_key": job_id, **values})
+        event = self._insert_event(conn, job_id, current, to_state, reason, data, now)
+        # The job as now stored: the row read under the lock with these values on top (not read again).
+        after = {**row._mapping, **{k: as_utc(v) if isinstance(v, datetime) else v for k, v in values.items()}}
+        return _job(after, [*history, event])
 
     def update_job(self, job_id: str, **fields: Any) -> Job:
         """Set job fields without a state change (no event)."""
@@ -492,6 +514,55 @@ class JobStore(Database):
             raise ConflictError(
                 f"allocation {alloc.id}: the id exists or job {alloc.job_id} already holds a live allocation"
             ) from exc
+
+    def open_attempt(self, job_id: str, build: Callable[[int], Allocation]) -> Allocation:
+        """Count one more launch attempt of the job and write its intent (``build(attempt)``), in one
+        transaction: a crash leaves both or neither, so an attempt's token never reaches a provider
+        unrecorded, and is never reused. Returns the intent as written (not read back).
+
+        ConflictError when the job already holds a live allocation (nothing is written then)."""
+        try:
+            with self._tx() as conn:
+                row = self._job_row(conn, job_id, lock=True)
+                attempt = int(row.attempts) + 1
+                alloc = build(attempt)
+                conn.execute(UPDATE_JOB, {"job_key": job_id, "attempts": attempt, "updated_at": utcnow()})
+                values = alloc.model_dump(mode="python")
+                values["state"] = AllocationState(values["state"]).value
+                conn.execute(INSERT_ALLOC, values)
+        except sa.exc.IntegrityError as exc:
+            raise ConflictError(f"job {job_id} already holds a live allocation") from exc
+        return alloc.model_copy(update={"created_at": as_utc(alloc.created_at), "updated_at": as_utc(alloc.updated_at)})
+
+    def record_launch(self, alloc_id: str, fields: dict[str, Any], job_id: str, reason: str,
+                      data: dict[str, Any], **job_fields: Any) -> LaunchRecord:
+        """A launch that went through: its intent becomes the launched allocation (``fields``, a compare-and-set
+        on ``intent``) and its job moves placing → provisioning (``reason``, ``data``, ``job_fields``), in one
+        transaction. What another writer decided meanwhile stands and is reported instead: a reconcile that
+        gave the intent up (then the job is not moved), one that adopted it, a cancel or requeue of the job."""
+        values = {**fields, "updated_at": utcnow()}
+        if "state" in values:
+            values["state"] = AllocationState(values["state"]).value
+        if "resource_ids" in values:
+            values["resource_ids"] = [str(r) for r in values["resource_ids"] or []]
+        job_values = self._job_values(job_fields)
+        try:
+            with self._tx() as conn:
+                won = bool(conn.execute(UPDATE_ALLOC_IF, {"alloc_key": alloc_id, "alloc_states": ["intent"],
+                                                          **values}).rowcount)
+                row = self._alloc_row(conn, alloc_id)
+                state = AllocationState(row.state)
+                if not won and state is AllocationState.failed and not row.resource_ids:
+                    # given up by a reconcile (its job requeued): the launch belongs to nobody
+                    return LaunchRecord(state, False, None, JobState(self._job_row(conn, job_id).state))
+                try:
+                    job = self._move_in(conn, job_id, JobState.provisioning, reason, data, {JobState.placing},
+                                        job_values, events=False)
+                except ConflictError:
+                    return LaunchRecord(state, won, None, JobState(self._job_row(conn, job_id).state))
+                return LaunchRecord(state, won, job, job.state)
+        except sa.exc.IntegrityError as exc:
+            raise ConflictError(f"allocation {alloc_id}: its job already holds another live allocation") from exc
 
     def _alloc_row(self, conn: Connection, alloc_id: str) -> Row[Any]:
         row = conn.execute(SELECT_ALLOC, {"alloc_key": alloc_id}).first()
@@ -642,7 +713,8 @@ class JobStore(Database):
 
         What its allocations that ended since then cost (booked at their end; the part of one that began
         before ``since`` in proportion to its time), plus what its live ones (pending, running) have accrued
-        from max(their start, ``since``) to ``now`` at their price: the same figure ``lockstep tenants list``,
+        from max(their start, ``since``) to ``now`` at their price — a live one still queued in its market (never
+        seen running) accrues nothing: the same figure ``lockstep tenants list``,
         ``GET /v1/tenants`` and the router's budget check use.
         """
         now = as_utc(now or utcnow())
@@ -666,6 +738,8 @@ class JobStore(Database):
             else:  # began before the window: the window's share of it
                 total += cost * (end - since).total_seconds() / (end - start).total_seconds()
         for usd_per_hour, created_at, attrs in live:
+            if not accrues(attrs):
+                continue  # waiting in its market's queue: nothing billed yet
             start = max(billing_start(created_at, attrs), since)
             total += usd_per_hour * max((now - start).total_seconds(), 0.0) / 3600.0
         return total
@@ -683,6 +757,8 @@ class JobStore(Database):
             ).all()
         out: dict[str, float] = {}
         for job_id, usd_per_hour, created_at, attrs in rows:
+            if not accrues(attrs):
+                continue  # queued in its market: billing has not begun
             hours = max((now - billing_start(created_at, attrs)).total_seconds(), 0.0) / 3600.0
             out[job_id] = out.get(job_id, 0.0) + usd_per_hour * hours
         return out

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RELEASING = "releasing_at"  # attrs: when a release call began that has not been recorded yet (a crash's trace)
+STOP_AT = "stop_at"  # attrs: a stop for cost was signalled; the machines are released at this moment
+STOP_REASON = "stop_reason"  # attrs: why (a budget spent, the job's max_cost_usd)
 # Allocation states in which the provider no longer runs anything for the job.
 ENDED = (AllocationState.released, AllocationState.failed, AllocationState.succeeded, AllocationState.preempted)
 
@@ -131,6 +133,13 @@ class Ledger:
             return alloc  # the reason alone is not worth a write per poll
         await asyncio.to_thread(self.store.update_allocation, alloc.id, state=recorded, attrs=attrs, reason=why)
         return alloc.model_copy(update={"state": recorded, "attrs": attrs, "reason": why})
+
+    async def stop_requested(self, alloc: Allocation, at: datetime, reason: str) -> Allocation:
+        """A job told to stop for its cost (signalled): its machines are released at ``at`` unless it ends
+        first."""
+        attrs = {**alloc.attrs, STOP_AT: at.isoformat(), STOP_REASON: reason}
+        await asyncio.to_thread(self.store.update_allocation, alloc.id, attrs=attrs)
+        return alloc.model_copy(update={"attrs": attrs})
 
     # ------------------------------------------------------------------ the end
     async def releasing(self, alloc: Allocation) -> Allocation:

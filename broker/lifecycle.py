@@ -23,12 +23,13 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from broker.errors import ConflictError, NotFoundError, ProviderError
-from broker.ledger import ENDED, Ledger
+from broker.ledger import ENDED, STOP_AT, STOP_REASON, Ledger
 from broker.models import (
     TERMINAL_STATES,
     Allocation,
     AllocationState,
     Benchmark,
+    BudgetAction,
     Job,
     JobEvent,
     JobExit,
@@ -38,7 +39,7 @@ from broker.models import (
 )
 from broker.secrets import SecretSources, mask
 from providers.base import Provider
-from providers.capabilities import HasJobLogs, Launches, RunsBurnIn
+from providers.capabilities import HasJobLogs, Launches, RunsBurnIn, SignalsJobs
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -384,6 +385,8 @@ class JobLifecycle:
         ok = state is AllocationState.succeeded
         why = (f"finished: {exit.describe()}" if exit is not None else reason or "finished") if ok else (
             f"failed: {exit.describe()}" if exit is not None else reason or "failed at provider")
+        if STOP_REASON in alloc.attrs:  # it ended after it was told to stop for its cost
+            why = f"{alloc.attrs[STOP_REASON]}: stopped; {why}"
         data: dict[str, Any] = {"allocation": alloc.id}
         if exit is not None:
             data.update(exit_code=exit.exit_code, exit_reason=exit.reason.value, node=exit.rank,
@@ -401,6 +404,40 @@ class JobLifecycle:
                        exit: JobExit | None) -> JobState | None:
         """Gone without us releasing it (e.g. cancelled outside Lockstep): requeue it."""
         return await self.requeue_preempted(job, alloc, reason or "allocation disappeared at the provider")
+
+    async def stop_for_cost(self, job: Job, alloc: Allocation, reason: str, action: BudgetAction,
+                            grace_s: float) -> JobState | None:
+        """A running (or provisioning) job whose tenant's budget is spent, or that reached its own max_cost_usd
+        (``reason`` says which): per ``action``, nothing (``continue``), stopped now (``stop``: failed with the
+        reason, its machines released and booked), or SIGTERM where its market can signal, then stopped
+        ``grace_s`` later unless it ended first (``signal_then_stop``; where the market cannot signal, at
+        once). Returns the job's new state, or None while it runs on."""
+        if action is BudgetAction.continue_:
+            return None
+        if action is BudgetAction.signal_then_stop and grace_s > 0:
+            due = alloc.attrs.get(STOP_AT)
+            if due is not None and self.clock() < datetime.fromisoformat(due):
+                return None  # signalled: its checkpoint window is still open
+            provider = self.providers.get(alloc.provider)
+            if due is None and isinstance(provider, SignalsJobs) and alloc.state is AllocationState.running:
+                try:
+                    await provider.signal(alloc, "TERM")
+                except ProviderError as exc:
+                    log.warning("job %s: SIGTERM for its cost not sent (%s): stopping it now", job.id, exc)
+                else:
+                    await self.ledger.stop_requested(alloc, self.clock() + timedelta(seconds=grace_s), reason)
+                    await asyncio.to_thread(self.store.note_event, job.id, f"{reason}: SIGTERM sent; released in "
+                                            f"{grace_s:g} s unless it ends first", {"allocation": alloc.id,
+                                                                                   "stop": "signal_then_stop"})
+                    return None
+        try:
+            moved = (await self._move(job.id, JobState.failed, f"{reason}: stopped and released",
+                                      {"allocation": alloc.id, "exit_reason": "budget"},
+                                      {JobState.provisioning, JobState.running})).state
+        except ConflictError:
+            return None
+        await self.release(alloc, reason)
+        return moved
 
     # What a poll's answer means for the job: one handler per allocation state (none: nothing to do).
     _ON_POLL: dict[AllocationState, Callable[..., Awaitable[JobState | None]]] = {

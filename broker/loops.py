@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from broker.budgets import BudgetAlert, BudgetWatch
 from broker.config import Settings
 from broker.errors import ProviderError
 from broker.lifecycle import BurnInResults, JobLifecycle, PlacementLimits, PlacementWait
@@ -46,6 +47,7 @@ PLACE_MIN_GAP_S = 0.25
 # just requeued) and at the retries that came due, without reading every pending job's id; a full look
 # over the queue (which also finds other processes' jobs) is made at least this often.
 FULL_LOOK_EVERY_S = 1.0
+POLLING_AT_ONCE = 16  # provider polls in flight at once in one poll pass
 MAX_HINTS = 100_000  # past this, hints are dropped: the next full look finds those jobs anyway
 
 
@@ -69,6 +71,7 @@ class BrokerLoops:
         wake: asyncio.Event | None = None,
         burn_in: BurnInResults | None = None,
         hints: set[str] | None = None,
+        on_budget_alert: BudgetAlert | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -79,6 +82,7 @@ class BrokerLoops:
                                       secrets=SecretSources(settings.secrets))
         self.router = Router(settings, store, market, clock=clock, preemption_rates=preemption_rates,
                              on_placed=on_placed, lifecycle=self.lifecycle)
+        self.budgets = BudgetWatch(settings, store, self.lifecycle, clock=clock, on_alert=on_budget_alert)
         self.wake = wake or asyncio.Event()
         self.hints: set[str] = hints if hints is not None else set()  # job ids to look at in a woken pass
         self._woken = False  # the last wait of the place loop ended on ``wake``
@@ -258,30 +262,49 @@ class BrokerLoops:
 
     # ------------------------------------------------------------------ polling
     async def poll_once(self) -> int:
-        """Poll every live allocation and let the lifecycle move its job along. Returns how many were polled."""
+        """Poll every live allocation and let the lifecycle move its job along. Returns how many were polled.
+
+        The polls of one pass run concurrently (``POLLING_AT_ONCE`` at a time): a pass takes about one
+        round trip to the slowest market, not one per allocation, so a command that ended is seen — and its
+        machine released — within one poll interval however many allocations are live."""
         allocs: list[Allocation] = await asyncio.to_thread(self.store.live_allocations)
-        polled = 0
-        for alloc in allocs:
-            if alloc.state is AllocationState.intent:
-                continue  # the router is launching it, or reconciliation will resolve it
-            provider = self.market.launcher(alloc.provider)
-            if provider is None:
-                continue
-            try:
-                status = await self.market.circuits[alloc.provider].call(functools.partial(provider.poll, alloc))
-            except CircuitOpen:
-                continue  # not called while its circuit is open; polled again once it closes
-            except ProviderError as exc:
-                log.warning("poll %s on %s: %s", alloc.id, alloc.provider, exc)
-                continue
-            polled += 1
-            moved = await self.lifecycle.follow(alloc, status.state, status.reason, status.hosts, status.exit)
-            if moved is JobState.pending:  # requeued: place it again at once
-                self._retry_at.pop(alloc.job_id, None)
-                if len(self.hints) < MAX_HINTS:
-                    self.hints.add(alloc.job_id)
-                self.wake.set()
-        return polled
+        sem = asyncio.Semaphore(POLLING_AT_ONCE)
+
+        async def one(alloc: Allocation) -> bool:
+            async with sem:
+                return await self._poll_one(alloc)
+
+        polled = await asyncio.gather(*(one(a) for a in allocs if a.state is not AllocationState.intent))
+        try:  # budgets hold while jobs run: weighed after every poll pass (broker/budgets.py)
+            await self.budgets.check()
+        except Exception:
+            log.exception("budget check")
+        return sum(polled)
+
+    async def _poll_one(self, alloc: Allocation) -> bool:
+        """Poll one allocation (an intent is the router's, or reconciliation's); True when the market answered."""
+        provider = self.market.launcher(alloc.provider)
+        if provider is None:
+            return False
+        try:
+            status = await self.market.circuits[alloc.provider].call(functools.partial(provider.poll, alloc))
+        except CircuitOpen:
+            return False  # not called while its circuit is open; polled again once it closes
+        except ProviderError as exc:
+            log.warning("poll %s on %s: %s", alloc.id, alloc.provider, exc)
+            return False
+        try:
+            moved = await self.lifecycle.follow(alloc, status.state, status.reason, status.hosts, status.exit,
+                                                started_at=status.started_at)
+        except Exception:  # one allocation's trouble must not stop the others' polls
+            log.exception("following %s", alloc.id)
+            return True
+        if moved is JobState.pending:  # requeued: place it again at once
+            self._retry_at.pop(alloc.job_id, None)
+            if len(self.hints) < MAX_HINTS:
+                self.hints.add(alloc.job_id)
+            self.wake.set()
+        return True
 
     # ------------------------------------------------------------------ loops
     async def _loop(self, name: str, interval: float, fn: Callable[[], Awaitable[Any]],

@@ -237,10 +237,15 @@ class Router:
             return None, ""
         left = None
         if tenant.monthly_budget_usd is not None:
+            # What its running jobs are expected to cost yet counts as spent: at 100% projected, nothing new.
             spent = await self._db(self.store.tenant_spend, job.tenant, month_start(now), now)
-            left = tenant.monthly_budget_usd - spent
+            committed = await self._db(self.store.tenant_committed, job.tenant, now)
+            left = tenant.monthly_budget_usd - spent - committed
             if left <= 0:
-                return left, (f"budget: tenant {job.tenant} has spent ${spent:,.2f} of its "
+                return left, (f"budget: tenant {job.tenant} has spent ${spent:,.2f} (and its running jobs are "
+                              f"expected to cost ${committed:,.2f} more) of its "
+                              f"${tenant.monthly_budget_usd:,.2f} monthly budget" if committed else
+                              f"budget: tenant {job.tenant} has spent ${spent:,.2f} of its "
                               f"${tenant.monthly_budget_usd:,.2f} monthly budget")
         if tenant.max_gpus is not None:
             held = await self._db(self.store.gpus_held, job.tenant)
@@ -292,12 +297,17 @@ class Router:
         budget_left, budget_reason = await self._budget(job, now)
         if budget_reason:
             return await self.back_to_pending(job, budget_reason, [], {"budget": budget_reason})
+        if job.spec.max_cost_usd is not None:  # the job's own cap, on what it has not spent yet
+            own = job.spec.max_cost_usd - job.spent_usd
+            budget_left = own if budget_left is None else min(budget_left, own)
         # A job's own cap beyond what is left of the tenant budget
         if budget_left is not None:
             options = [o for o in options if o.expected_cost_usd <= budget_left]
             if not options and q.options:
                 return await self.back_to_pending(
-                    job, f"budget: no option fits the ${budget_left:,.2f} left of tenant {job.tenant}'s budget",
+                    job, f"budget: no option fits the ${budget_left:,.2f} left of " + (
+                        f"the job's max_cost_usd (${cap:,.2f})" if (cap := job.spec.max_cost_usd) is not None
+                        and budget_left == cap - job.spent_usd else f"tenant {job.tenant}'s budget"),
                     [], {"budget_left_usd": round(budget_left, 2)})
         situation = await self._db(self.situation, job, options, now)
         decision = self.decide(job, options, situation, budget_left)

@@ -19,6 +19,7 @@ capability             methods                                          who has 
 :class:`HasJobLogs`    job_log (+ Launches)                             aws, vast, slurm
 :class:`AssemblesNodes`  launch of ``members`` (+ Launches)               vast
 :class:`KeepsBillingRecord`  billed_span (+ Launches)                     slurm
+:class:`SignalsJobs`   signal (+ Launches)                              slurm
 =====================  ===============================================  ====================
 
 A new ability (job logs, teardown, a Kubernetes pool's namespaces…) is one more mix-in
@@ -47,6 +48,7 @@ __all__ = [
     "ListsNodes",
     "NodeUsage",
     "RunsBurnIn",
+    "SignalsJobs",
     "Snapshot",
 ]
 
@@ -222,3 +224,12 @@ class KeepsBillingRecord(Launches):
     @abc.abstractmethod
     async def billed_span(self, alloc: Allocation) -> BilledSpan | None:
         """The market's record of the allocation's billed time; None when the market no longer knows it."""
+
+
+class SignalsJobs(Launches):
+    """Can send a signal to a running job's processes without ending the job (Slurm's ``scancel --signal``):
+    a job stopped for its budget gets SIGTERM and a checkpoint window before its machines are released."""
+
+    @abc.abstractmethod
+    async def signal(self, alloc: Allocation, name: str = "TERM") -> None:
+        """Send signal ``name`` (TERM, INT, USR1…) to every process of the allocation's job."""

@@ -726,7 +726,7 @@ class JobStore(Database):
                 .where(JOBS.c.tenant == tenant, ALLOCS.c.ended_at >= since, ALLOCS.c.cost_usd > 0)
             ).all()
             live = conn.execute(
-                sa.select(ALLOCS.c.usd_per_hour, ALLOCS.c.created_at, ALLOCS.c.attrs)
+                sa.select(ALLOCS.c.usd_per_hour, ALLOCS.c.created_at, ALLOCS.c.attrs, ALLOCS.c.state)
                 .join(JOBS, JOBS.c.id == ALLOCS.c.job_id)
                 .where(JOBS.c.tenant == tenant, ALLOCS.c.state.in_(BILLING_STATES))
             ).all()
@@ -737,8 +737,8 @@ class JobStore(Database):
                 total += cost
             else:  # began before the window: the window's share of it
                 total += cost * (end - since).total_seconds() / (end - start).total_seconds()
-        for usd_per_hour, created_at, attrs in live:
-            if not accrues(attrs):
+        for usd_per_hour, created_at, attrs, state in live:
+            if not accrues(state, attrs):
                 continue  # waiting in its market's queue: nothing billed yet
             start = max(billing_start(created_at, attrs), since)
             total += usd_per_hour * max((now - start).total_seconds(), 0.0) / 3600.0
@@ -752,16 +752,39 @@ class JobStore(Database):
         now = as_utc(now or utcnow())
         with self._tx(write=False) as conn:
             rows = conn.execute(
-                sa.select(ALLOCS.c.job_id, ALLOCS.c.usd_per_hour, ALLOCS.c.created_at, ALLOCS.c.attrs)
+                sa.select(ALLOCS.c.job_id, ALLOCS.c.usd_per_hour, ALLOCS.c.created_at, ALLOCS.c.attrs, ALLOCS.c.state)
                 .where(ALLOCS.c.job_id.in_(ids), ALLOCS.c.state.in_(BILLING_STATES))
             ).all()
         out: dict[str, float] = {}
-        for job_id, usd_per_hour, created_at, attrs in rows:
-            if not accrues(attrs):
+        for job_id, usd_per_hour, created_at, attrs, state in rows:
+            if not accrues(state, attrs):
                 continue  # queued in its market: billing has not begun
             hours = max((now - billing_start(created_at, attrs)).total_seconds(), 0.0) / 3600.0
             out[job_id] = out.get(job_id, 0.0) + usd_per_hour * hours
         return out
+
+    def live_costs(self, now: datetime | None = None, tenant: str | None = None) -> list[tuple[Job, float]]:
+        """Each job that holds or is getting an allocation (provisioning or running), with what it has cost so
+        far (booked plus accruing): what a budget check weighs."""
+        jobs = [j for j in self.jobs_in_states([JobState.provisioning, JobState.running])
+                if tenant is None or j.tenant == tenant]
+        accrued = self.accruing([j.id for j in jobs], now)
+        return [(j, j.spent_usd + accrued.get(j.id, 0.0)) for j in jobs]
+
+    def tenant_committed(self, tenant: str, now: datetime | None = None) -> float:
+        """What the tenant's running jobs are expected to cost yet: each one's expected cost at placement less
+        what it has cost so far (policies/budget.py)."""
+        from policies.budget import remaining
+
+        return sum(remaining(j.placement.expected_cost_usd if j.placement else None, cost)
+                   for j, cost in self.live_costs(now, tenant))
+
+    def note_event(self, job_id: str, reason: str, data: dict[str, Any] | None = None) -> JobEvent:
+        """An event on a job that changes nothing (a budget alert, a stop requested): from and to its current
+        state."""
+        with self._tx() as conn:
+            state = JobState(self._job_row(conn, job_id).state)
+            return self._insert_event(conn, job_id, state, state, reason, data, utcnow())
 
     def gpus_held(self, tenant: str) -> int:
         """GPUs of the tenant's jobs that hold resources now (provisioning or running)."""

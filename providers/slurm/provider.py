@@ -25,7 +25,15 @@ from broker.config import SlurmConfig
 from broker.errors import BadRequestError, CapacityError, TransientError
 from broker.models import Allocation, AllocationState, AllocationStatus, ExitReason, JobExit, Market, Offer
 from providers.base import JOB_TAG, OWNER_TAG, TENANT_TAG, LaunchRequest, OfferQuery
-from providers.capabilities import BilledSpan, DrainsNodes, HasJobLogs, KeepsBillingRecord, NodeUsage, RunsBurnIn
+from providers.capabilities import (
+    BilledSpan,
+    DrainsNodes,
+    HasJobLogs,
+    KeepsBillingRecord,
+    NodeUsage,
+    RunsBurnIn,
+    SignalsJobs,
+)
 from providers.runtime.logs import job_exit
 from providers.slurm.client import SlurmClient
 from providers.slurm.offers import OfferBuilder, node_usage
@@ -63,7 +71,7 @@ _FAILED_STATES = frozenset(
 _REQUEUED_FLAGS = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
 
 
-class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, KeepsBillingRecord):
+class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, KeepsBillingRecord, SignalsJobs):
     """Slurm via slurmrestd. Thin: translate, call, normalise, map errors."""
 
     name = PROVIDER
@@ -261,6 +269,9 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, KeepsBillingRecord):
             reason = f"{reason} exit={slurm_exit_code(job.exit_code)}".strip()
         return AllocationStatus(state=state, reason=f"{job.state} {reason}".strip(), hosts=hosts,
                                 started_at=_span(job).start if state is AllocationState.running else None)
+
+    async def signal(self, alloc: Allocation, name: str = "TERM") -> None:
+        await self.client.signal(self._job_id(alloc), name)
 
     async def billed_span(self, alloc: Allocation) -> BilledSpan | None:
         """Slurm's own record of the job: from its real start to its end. A PENDING job's start_time is only

@@ -198,11 +198,14 @@ class JobLifecycle:
     # ------------------------------------------------------------------ placement
     async def claim(self, job_id: str, worker: str) -> Job | None:
         """pending → placing for ``worker``; None when another worker got it first (or it is gone)."""
-        try:
-            return await self._move(job_id, JobState.placing, f"claimed by {worker}", {"worker": worker},
-                                    {JobState.pending}, claimed_by=worker, claimed_at=self.clock())
-        except (ConflictError, NotFoundError):
-            return None
+        claimed = await self.claim_many([job_id], worker)
+        return claimed[0] if claimed else None
+
+    async def claim_many(self, job_ids: Sequence[str], worker: str) -> list[Job]:
+        """pending → placing for ``worker``, for each of the jobs still pending, in one write (a placement
+        pass's batch); the jobs claimed, in order. A job another worker got first is left out."""
+        jobs: list[Job] = await asyncio.to_thread(self.store.claim_many, list(job_ids), worker, self.clock())
+        return jobs
 
     async def note_waiting(self, job: Job, reason: str) -> None:
         """Say why a pending job stays pending (no state change, no event; written only when it changed)."""

@@ -40,6 +40,7 @@ RETRY_AFTER = timedelta(seconds=15)  # a job that could not be placed waits this
 # jobs and intents, once older than reconcile's stale_after) and retries releases that failed.
 RECONCILE_EVERY_S = 300.0
 PLACING_AT_ONCE = 8  # placements (launches) in flight at once in one pass
+CLAIM_BATCH = 2 * PLACING_AT_ONCE  # jobs claimed in one write
 # Passes woken by submissions start at most this often: a burst of submissions is placed by one pass
 # rather than one pass (and one look over the pending queue) per submission.
 PLACE_MIN_GAP_S = 0.25
@@ -158,37 +159,41 @@ class BrokerLoops:
                 results.append(PlacementResult(job, False, why))
             return bool(why)
 
-        async def one(job: Job) -> None:
-            if self.limits.may_be_due(job, now) and await self._give_up(job, now, results):
-                return
-            if stays(job):
-                return
+        async def one(claimed: Job) -> None:
             async with self._sem:
-                claimed = await self.lifecycle.claim(job.id, self.worker)
-                if claimed is None:
-                    return
                 try:
                     res = await self.router.place(claimed, unhealthy, now=now)
                 except Exception as exc:  # never leave a claimed job stuck in placing
-                    log.exception("placing %s", job.id)
+                    log.exception("placing %s", claimed.id)
                     res = await self.router.back_to_pending(claimed, f"placement error: {exc!r}"[:300], [], {})
                 if not res.placed:
-                    self._retry_at[job.id] = self.clock() + RETRY_AFTER
+                    self._retry_at[claimed.id] = self.clock() + RETRY_AFTER
                     if res.tries and res.job.state is JobState.pending and self.limits.rounds and \
                             await self._give_up(res.job, self.clock(), results):
                         return
                 results.append(res)
 
+        async def batch(jobs: list[Job]) -> None:
+            """Claim a batch in one write, then place what was claimed (``PLACING_AT_ONCE`` at a time)."""
+            async with lanes:
+                claimed = await self.lifecycle.claim_many([j.id for j in jobs], self.worker)
+                await asyncio.gather(*(one(c) for c in claimed))
+
         # Jobs that cannot be placed now are settled here, without a task each (a queue of thousands
         # of one unplaceable spec is a loop, not thousands of tasks), handing the event loop back now and
         # then so that requests are not held up by a long pass.
-        tasks = []
+        to_place: list[Job] = []
         for i, job in enumerate(pending):
-            if self.limits.may_be_due(job, now) or not stays(job):
-                tasks.append(one(job))
+            if self.limits.may_be_due(job, now) and await self._give_up(job, now, results):
+                continue
+            if not stays(job):
+                to_place.append(job)
             if i % 256 == 255:
                 await asyncio.sleep(0)
-        await asyncio.gather(*tasks)
+        # Claims go in batches, one write each; two batches at a time, so the next batch is claimed while
+        # this one is placed, and few jobs sit claimed but not yet being placed.
+        lanes = asyncio.Semaphore(2)
+        await asyncio.gather(*(batch(to_place[i:i + CLAIM_BATCH]) for i in range(0, len(to_place), CLAIM_BATCH)))
         await self.lifecycle.note_waiting_many(waits)
         return results
 

@@ -64,6 +64,14 @@ UPDATE_JOB = JOBS.update().where(JOBS.c.id == sa.bindparam("job_key"))
 UPDATE_ALLOC = ALLOCS.update().where(ALLOCS.c.id == sa.bindparam("alloc_key"))
 UPDATE_ALLOC_IF = UPDATE_ALLOC.where(ALLOCS.c.state.in_(sa.bindparam("alloc_states", expanding=True)))
 
+# The batch claim (claim_many): pending → placing for the jobs still pending, their rows returned by the UPDATE.
+CLAIM_JOBS = (JOBS.update()
+              .where(JOBS.c.id.in_(sa.bindparam("job_ids", expanding=True)), JOBS.c.state == JobState.pending.value)
+              .values(state=JobState.placing.value, claimed_by=sa.bindparam("worker"),
+                      claimed_at=sa.bindparam("claimed_at"), reason=sa.bindparam("why"),
+                      updated_at=sa.bindparam("now"))
+              .returning(*JOBS.c))
+
 # Job fields that transition()/update_job() may set besides the state.
 JOB_FIELDS: frozenset[str] = frozenset(
     {
@@ -431,6 +439,29 @@ class JobStore(Database):
         # The job as now stored: the row read under the lock with these values on top (not read again).
         after = {**row._mapping, **{k: as_utc(v) if isinstance(v, datetime) else v for k, v in values.items()}}
         return _job(after, [*history, event])
+
+    def claim_many(self, job_ids: Sequence[str], worker: str, at: datetime) -> list[Job]:
+        """Claim every job of ``job_ids`` still pending for ``worker`` (pending → placing, with its event), in one
+        transaction: one conditional UPDATE (on PostgreSQL it takes each row's lock, so of two replicas claiming
+        the same job one wins), its rows returned by the UPDATE itself (no read-back), one INSERT of the events.
+        Returns the jobs it claimed (without their history), in the order asked."""
+        if not job_ids:
+            return []
+        now = utcnow()
+        reason = f"claimed by {worker}"
+        with self._tx() as conn:
+            rows = conn.execute(CLAIM_JOBS, {"job_ids": list(job_ids), "worker": worker, "claimed_at": at,
+                                             "why": reason, "now": now}).all()
+            if rows:
+                conn.execute(INSERT_EVENT, [{"job_id": r.id, "at": now, "from_state": JobState.pending.value,
+                                             "to_state": JobState.placing.value, "reason": reason,
+                                             "data": {"worker": worker}} for r in rows])
+        order = {job_id: i for i, job_id in enumerate(job_ids)}
+        jobs = _jobs_sharing_specs(sorted(rows, key=lambda r: order.get(r.id, 0)))
+        for job in jobs:
+            job.events = [JobEvent(job_id=job.id, at=as_utc(now), from_state=JobState.pending,
+                                   to_state=JobState.placing, reason=reason, data={"worker": worker})]
+        return jobs
 
     def update_job(self, job_id: str, **fields: Any) -> Job:
         """Set job fields without a state change (no event)."""

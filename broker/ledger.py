@@ -121,12 +121,10 @@ class Ledger:
         attrs = dict(alloc.attrs)
         if hosts:
             attrs["hosts"] = ",".join(hosts)
-        if state is AllocationState.running:
-            market_start = started_at.isoformat() if started_at is not None else None
-            if market_start is not None and attrs.get("running_since") != market_start:
-                attrs["running_since"] = market_start
-            elif "running_since" not in attrs:
-                attrs["running_since"] = self.clock().isoformat()
+        if started_at is not None:  # the market's own start: what it bills from
+            attrs["running_since"] = started_at.isoformat()
+        elif state is AllocationState.running and "running_since" not in attrs:
+            attrs["running_since"] = self.clock().isoformat()
         recorded = alloc.state if state in ENDED else state
         why = reason or alloc.reason
         if recorded is alloc.state and attrs == alloc.attrs:
@@ -159,17 +157,21 @@ class Ledger:
         await asyncio.to_thread(self.store.update_allocation, alloc.id, attrs=attrs)
         return alloc.model_copy(update={"attrs": attrs})
 
-    async def book_end(self, alloc: Allocation, state: AllocationState, reason: str) -> Allocation:
+    async def book_end(self, alloc: Allocation, state: AllocationState, reason: str,
+                       ended_at: datetime | None = None) -> Allocation:
         """Record an allocation that no longer holds anything as ``state`` and book its cost once: its price ×
         its billed time, rounded per its market's granularity. The billed time is the market's own record where
         it keeps one; else from when it started billing (``running_since``, or its launch for one that ended
-        before any poll saw it run) to now — or to when a release a crash interrupted began. Nothing is booked
+        before any poll saw it run) to its release (``ended_at``) — or to when a release a crash interrupted began.
+        Nothing is booked
         for an allocation that never reached the provider, or that its market never started."""
         provider = self.providers.get(alloc.provider)
         billing = provider.billing if provider is not None else Provider.billing
         current = await asyncio.to_thread(self.store.get_allocation, alloc.id)
         attrs = {**current.attrs, **alloc.attrs}
-        end = datetime.fromisoformat(attrs[RELEASING]) if RELEASING in attrs else self.clock()
+        # ``ended_at``: a release call just returned (the market stopped billing now); else the moment a release
+        # a crash interrupted began, or now.
+        end = ended_at or (datetime.fromisoformat(attrs[RELEASING]) if RELEASING in attrs else self.clock())
         launched = bool(current.resource_ids or alloc.resource_ids)
         seconds = (end - billing_start(current.created_at, attrs)).total_seconds() if launched else 0.0
         if launched and isinstance(provider, KeepsBillingRecord) and current.cost_usd is None:

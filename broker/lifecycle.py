@@ -496,6 +496,8 @@ class JobLifecycle:
                 if raise_errors:
                     raise
                 return
+            await self.ledger.book_end(alloc, state, reason, ended_at=self.clock())  # billing stopped just now
+            return
         await self.ended(alloc, state, reason)
 
     async def ended(self, alloc: Allocation, state: AllocationState, reason: str) -> Allocation:

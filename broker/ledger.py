@@ -113,11 +113,12 @@ class Ledger:
 
     # ------------------------------------------------------------------ what a poll saw
     async def observe(self, alloc: Allocation, state: AllocationState, reason: str, hosts: list[str],
-                      started_at: datetime | None = None) -> Allocation:
+                      started_at: datetime | None = None, usd_per_hour: float | None = None) -> Allocation:
         """Record what a poll answered: the hosts, the state while it is live (an allocation that ended stays
-        live here until it is given back and booked: a crash before that leaves it for the next poll), and when
-        its billing began — the market's own start (``started_at``) where it reports one, else now, the first
-        time it is seen running. Written only when something changed."""
+        live here until it is given back and booked: a crash before that leaves it for the next poll), the
+        market's own price where it reports one (``usd_per_hour``), and when its billing began — the market's
+        own start (``started_at``) where it reports one, else now, the first time it is seen running. Written
+        only when something changed."""
         attrs = dict(alloc.attrs)
         if hosts:
             attrs["hosts"] = ",".join(hosts)
@@ -127,10 +128,13 @@ class Ledger:
             attrs["running_since"] = self.clock().isoformat()
         recorded = alloc.state if state in ENDED else state
         why = reason or alloc.reason
-        if recorded is alloc.state and attrs == alloc.attrs:
+        # The market's own price, where it reports one, is what the time is billed at.
+        price = usd_per_hour if usd_per_hour is not None else alloc.usd_per_hour
+        if recorded is alloc.state and attrs == alloc.attrs and price == alloc.usd_per_hour:
             return alloc  # the reason alone is not worth a write per poll
-        await asyncio.to_thread(self.store.update_allocation, alloc.id, state=recorded, attrs=attrs, reason=why)
-        return alloc.model_copy(update={"state": recorded, "attrs": attrs, "reason": why})
+        await asyncio.to_thread(self.store.update_allocation, alloc.id, state=recorded, attrs=attrs, reason=why,
+                                usd_per_hour=price)
+        return alloc.model_copy(update={"state": recorded, "attrs": attrs, "reason": why, "usd_per_hour": price})
 
     async def stop_requested(self, alloc: Allocation, at: datetime, reason: str) -> Allocation:
         """A job told to stop for its cost (signalled): its machines are released at ``at`` unless it ends

@@ -306,12 +306,14 @@ class JobLifecycle:
 
     # ------------------------------------------------------------------ what a poll means
     async def follow(self, alloc: Allocation, state: AllocationState, reason: str, hosts: list[str],
-                     exit: JobExit | None = None, *, started_at: datetime | None = None) -> JobState | None:
+                     exit: JobExit | None = None, *, started_at: datetime | None = None,
+                     usd_per_hour: float | None = None) -> JobState | None:
         """Move the allocation's job along after a poll answered ``state``; returns the job's new state, or
         None when it did not change (unchanged, or another writer moved it first: the next poll sees it).
 
-        What the poll saw is recorded by the ledger first (``started_at``: the market's own start of its
-        billing, where it reports one); then one handler per answered state decides (:attr:`_ON_POLL`). A
+        What the poll saw is recorded by the ledger first (``started_at``, ``usd_per_hour``: the market's own
+        start of its billing and its price, where it reports them); then one handler per answered state
+        decides (:attr:`_ON_POLL`). A
         finished job's allocation that still runs is given back; a running job past its ``max_duration`` (plus
         the wrapper's margin) is stopped; burn-in results are judged while it runs and when it ends.
 
@@ -328,7 +330,7 @@ class JobLifecycle:
         if job.state in TERMINAL_STATES:
             await self._after_end(job, alloc, state, reason)
             return None
-        alloc = await self.ledger.observe(alloc, state, reason, hosts, started_at)
+        alloc = await self.ledger.observe(alloc, state, reason, hosts, started_at, usd_per_hour)
         try:
             if state is AllocationState.running and overdue(job, alloc.attrs, self.clock()):
                 return await self._stop_overdue(job, alloc)

@@ -300,7 +300,7 @@ class BrokerLoops:
             return False
         try:
             moved = await self.lifecycle.follow(alloc, status.state, status.reason, status.hosts, status.exit,
-                                                started_at=status.started_at)
+                                                started_at=status.started_at, usd_per_hour=status.usd_per_hour)
         except Exception:  # one allocation's trouble must not stop the others' polls
             log.exception("following %s", alloc.id)
             return True

@@ -978,6 +978,8 @@ class AllocationStatus(BaseModel):
     # (Slurm's start_time/end_time): billed time follows the market, not the moment a poll noticed.
     started_at: datetime | None = None
     ended_at: datetime | None = None
+    # The market's own price for it where it reports one (Vast's dph_total: the rental plus its disk's storage).
+    usd_per_hour: float | None = None
 
 
 class LogLine(BaseModel):

@@ -256,7 +256,8 @@ class VastProvider(HasJobLogs, AssemblesNodes):
         # Billing follows Vast's own record: the instance's start, once it runs (or has run).
         started = _started(inst) if state is not AllocationState.pending else None
         if str(inst.get("actual_status") or "").lower() != "exited":
-            return AllocationStatus(state=state, reason=reason, hosts=hosts, started_at=started)
+            return AllocationStatus(state=state, reason=reason, hosts=hosts, started_at=started,
+                                    usd_per_hour=_price(inst))
         # The container has exited: how its command ended is the last line of its log.
         log = await self.client.instance_log(iid, tail=self.config.log_tail_lines)
         self._keep_final_log(iid, log)
@@ -264,7 +265,8 @@ class VastProvider(HasJobLogs, AssemblesNodes):
         if state is AllocationState.preempted and end.reason in (ExitReason.signal, ExitReason.error):
             return AllocationStatus(state=state, reason=reason, hosts=hosts)  # outbid: the TERM was Vast's
         return AllocationStatus(state=AllocationState.succeeded if end.succeeded else AllocationState.failed,
-                                reason=end.describe(), hosts=hosts, exit=end, started_at=started)
+                                reason=end.describe(), hosts=hosts, exit=end, started_at=started,
+                                usd_per_hour=_price(inst))
 
     async def _node_end(self, iid: str, inst: dict[str, Any]) -> JobExit:
         """How an exited machine's command ended (its log read once, then kept)."""
@@ -366,3 +368,12 @@ def _started(inst: dict[str, Any]) -> datetime | None:
         return datetime.fromtimestamp(float(value), UTC) if value else None
     except (TypeError, ValueError, OverflowError, OSError):
         return None
+
+
+def _price(inst: dict[str, Any]) -> float | None:
+    """What Vast charges for the instance per hour (``dph_total``: the rental and its disk), where it says."""
+    try:
+        value = float(inst.get("dph_total") or 0)
+    except (TypeError, ValueError):
+        return None
+    return value if value > 0 else None

@@ -6,10 +6,11 @@ broker/models.py is the state machine; the store's ``transition`` is the primiti
 compare-and-set on the job's state, with its event). :class:`JobLifecycle` is the only caller of that
 primitive outside the store: the loops (claims, polls), the router (back to pending), reconciliation
 (adopt, requeue what a crash left) and the service (cancel) all change a job's state through it, so each
-rule lives once. Two moves are made with an allocation write, in one transaction, by the allocation ledger
-(broker/ledger.py, which this lifecycle holds as ``ledger``): the claim in batches (``claim_many``) and the
-launch with placing → provisioning. Every allocation write — what a poll saw, a release, the booked cost — is
-the ledger's; :meth:`JobLifecycle.follow` is a dispatch on the state a poll answered (``_ON_POLL``).
+rule lives once. Claims go in batches (:meth:`JobLifecycle.claim_many`, one write for many jobs). One move
+is made with an allocation write, in one transaction, by the allocation ledger (broker/ledger.py, held here as
+``ledger``): the launch with placing → provisioning. Every allocation write — what a poll saw, a release, the
+booked cost — is the ledger's; :meth:`JobLifecycle.follow` is a dispatch on the state a poll answered
+(``_ON_POLL``).
 
 Every change names the states it expects to move from: when another writer (a replica, a reconcile, a
 cancel) moved the job first, the store raises ``ConflictError`` and the caller decides what that means

@@ -30,6 +30,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
@@ -62,6 +65,35 @@ class InstantProvider(MemoryProvider):
                              usd_per_hour=req.offer.usd_per_hour)
             self._by_token[req.client_token] = self.held[rid] = got
         return got
+
+
+class WriteCounter:
+    """Counts the store's transactions during the pass, by the engine's own events: a write transaction is one
+    that ran an INSERT, UPDATE or DELETE before its commit; any other is a read. (The bench's own lookout, not
+    the store's: nothing of the project is changed to count.)"""
+
+    def __init__(self, store: Store) -> None:
+        self.engine = store.engine
+        self.writes = self.reads = 0
+
+    def _statement(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip()[:6].upper() in ("INSERT", "UPDATE", "DELETE"):
+            conn.info["lockstep_bench_write"] = True
+
+    def _commit(self, conn: Any) -> None:
+        if conn.info.pop("lockstep_bench_write", False):
+            self.writes += 1
+        else:
+            self.reads += 1
+
+    def __enter__(self) -> WriteCounter:
+        sa.event.listen(self.engine, "before_cursor_execute", self._statement)
+        sa.event.listen(self.engine, "commit", self._commit)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sa.event.remove(self.engine, "before_cursor_execute", self._statement)
+        sa.event.remove(self.engine, "commit", self._commit)
 
 
 def new_store(backend: str, tmp: str) -> tuple[Store, object]:
@@ -116,15 +148,18 @@ async def one(backend: str, n: int, tmp: str, place: int | None = None) -> dict[
         floor_s = (time.perf_counter() - t0) / len(ids)
 
         some = None if place is None or place >= n else [j for j, _ in store.job_heads(JobState.pending)][:place]
+        counter = WriteCounter(store)
         cpu0, t0 = time.process_time(), time.perf_counter()
-        results = await svc.broker.place_pending(some)
+        with counter:
+            results = await svc.broker.place_pending(some)
         pass_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
         placed = sum(1 for r in results if r.placed)
         left = len(store.job_heads(JobState.pending))
         await svc.aclose()
         return {"n": n, "submit_per_s": n / submit_s, "pass_s": pass_s, "cpu_s": cpu_s, "placed": placed,
                 "left": left, "per_s": placed / pass_s, "floor_ms": floor_s * 1000,
-                "x_floor": (pass_s / max(placed, 1)) / floor_s}
+                "x_floor": (pass_s / max(placed, 1)) / floor_s,
+                "writes": counter.writes / max(placed, 1), "reads": counter.reads / max(placed, 1)}
     finally:
         if handle is None:
             store.close()
@@ -160,15 +195,17 @@ def main() -> None:
     print(f"one placement pass over N pending one-GPU jobs, a provider that answers at once; {os.cpu_count()} CPUs; "
           f"load average {load0[0]:.1f} before, {load1[0]:.1f} after; {args.runs} run(s), median shown")
     print(f"{'backend':<11}{'pending':>9}{'pass s':>9}{'CPU s':>8}{'placed/s':>10}{'floor ms':>10}{'× floor':>9}"
-          f"{'placed':>8}{'left':>6}{'queued/s':>10}")
+          f"{'writes':>8}{'reads':>7}{'placed':>8}{'left':>6}{'queued/s':>10}")
     for (backend, n), rs in rows.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         print(f"{backend:<11}{n:>9,}{med['pass_s']:>9.2f}{med['cpu_s']:>8.2f}{med['per_s']:>10.0f}"
-              f"{med['floor_ms']:>10.2f}{med['x_floor']:>9.1f}{int(med['placed']):>8}{int(med['left']):>6}"
+              f"{med['floor_ms']:>10.2f}{med['x_floor']:>9.1f}{med['writes']:>8.2f}{med['reads']:>7.2f}"
+              f"{int(med['placed']):>8}{int(med['left']):>6}"
               f"{med['submit_per_s']:>10,.0f}")
     print("placed/s: jobs placed / the pass's wall time; floor: one write transaction of one job on the same store "
-          "in the same run; × floor: a placement's wall time in floors; queued/s: the queue written by "
-          "create_jobs in batches of 1,000")
+          "in the same run; × floor: a placement's wall time in floors (single-write equivalents); writes, "
+          "reads: the store's write and read transactions per placement, counted; queued/s: the queue written "
+          "by create_jobs in batches of 1,000")
 
 
 if __name__ == "__main__":

@@ -377,6 +377,9 @@ class BrokerConfig(_Section):
     # move back to spot (0: never).
     restart_minutes: float = Field(default=10.0, ge=0, le=10_080)
     rebalance_interval_s: SecondsOrOff = 60.0
+    # A running job stopped for its budget with signal_then_stop (a tenant's on_budget_exhausted) gets SIGTERM and
+    # this long to checkpoint before its machines are released (docs/runtime.md); 0: released at once.
+    budget_grace_s: SecondsOrOff = 120.0
     # A job whose every feasible option is a snapshot price (the bundled catalog's rows, or a live market's offers
     # priced from the snapshot): "warn" accepts it with a warning naming what to configure (docs/catalog.md);
     # "refuse" refuses it (exit 3, HTTP 422) when no market that could run it is configured.

@@ -4,9 +4,13 @@ States: pending → placing → provisioning → running → succeeded | failed 
 preempted → pending (requeued, resuming from its checkpoint, counted). ``ALLOWED_TRANSITIONS`` in
 broker/models.py is the state machine; the store's ``transition`` is the primitive (one row-locked
 compare-and-set on the job's state, with its event). :class:`JobLifecycle` is the only caller of that
-primitive outside the store: the loops (claims, polls), the router (launched, back to pending),
-reconciliation (adopt, requeue what a crash left) and the service (cancel) all change a job's state
-through it, so each rule lives once.
+primitive outside the store: the loops (claims, polls), the router (back to pending), reconciliation
+(adopt, requeue what a crash left) and the service (cancel) all change a job's state through it, so each
+rule lives once. Claims go in batches (:meth:`JobLifecycle.claim_many`, one write for many jobs). One move
+is made with an allocation write, in one transaction, by the allocation ledger (broker/ledger.py, held here as
+``ledger``): the launch with placing → provisioning. Every allocation write — what a poll saw, a release, the
+booked cost — is the ledger's; :meth:`JobLifecycle.follow` is a dispatch on the state a poll answered
+(``_ON_POLL``).
 
 Every change names the states it expects to move from: when another writer (a replica, a reconcile, a
 cancel) moved the job first, the store raises ``ConflictError`` and the caller decides what that means
@@ -24,30 +28,29 @@ from typing import TYPE_CHECKING, Any
 
 from broker.errors import ConflictError, NotFoundError, ProviderError
 from broker.heartbeats import wrapper_silence
+from broker.ledger import ENDED, STOP_AT, STOP_REASON, Ledger
 from broker.models import (
     TERMINAL_STATES,
     Allocation,
     AllocationState,
     Benchmark,
+    BudgetAction,
     Job,
     JobEvent,
     JobExit,
     JobState,
     QuoteOption,
-    billing_start,
     utcnow,
 )
 from broker.secrets import SecretSources, mask
 from providers.base import Provider
-from providers.capabilities import HasJobLogs, Launches, RunsBurnIn
+from providers.capabilities import HasJobLogs, Launches, RunsBurnIn, SignalsJobs
 
 if TYPE_CHECKING:
     from broker.store import Store
 
 log = logging.getLogger(__name__)
 
-# Allocation states in which the provider no longer runs anything for the job.
-ENDED = (AllocationState.released, AllocationState.failed, AllocationState.succeeded, AllocationState.preempted)
 # The allocation state a poll answers when the provider holds nothing any more (no release needed; a preempted
 # Vast instance, for one, still exists, stopped, until it is destroyed).
 GONE = (AllocationState.released,)
@@ -92,7 +95,6 @@ def _tries(tries: Sequence[LaunchTry]) -> dict[str, Any]:
     return {"tries": [t.as_event() for t in tries]} if tries else {}
 
 
-RELEASING = "releasing_at"  # attrs: when a release call began that has not been recorded yet (a crash's trace)
 ARCHIVE_BYTES = 1 << 20  # the last MiB of each node's log is kept in the store when its allocation ends
 
 
@@ -189,6 +191,7 @@ class JobLifecycle:
         self.store = store
         self.providers: Mapping[str, Provider] = providers if providers is not None else {}
         self.clock = clock
+        self.ledger = Ledger(store, self.providers, clock=clock)  # every allocation write
         self.burn_in = burn_in
         self.secrets = secrets  # to mask a job's secret values in the log kept at its end
 
@@ -200,11 +203,14 @@ class JobLifecycle:
     # ------------------------------------------------------------------ placement
     async def claim(self, job_id: str, worker: str) -> Job | None:
         """pending → placing for ``worker``; None when another worker got it first (or it is gone)."""
-        try:
-            return await self._move(job_id, JobState.placing, f"claimed by {worker}", {"worker": worker},
-                                    {JobState.pending}, claimed_by=worker, claimed_at=self.clock())
-        except (ConflictError, NotFoundError):
-            return None
+        claimed = await self.claim_many([job_id], worker)
+        return claimed[0] if claimed else None
+
+    async def claim_many(self, job_ids: Sequence[str], worker: str) -> list[Job]:
+        """pending → placing for ``worker``, for each of the jobs still pending, in one write (a placement
+        pass's batch); the jobs claimed, in order. A job another worker got first is left out."""
+        jobs: list[Job] = await asyncio.to_thread(self.store.claim_many, list(job_ids), worker, self.clock())
+        return jobs
 
     async def note_waiting(self, job: Job, reason: str) -> None:
         """Say why a pending job stays pending (no state change, no event; written only when it changed)."""
@@ -217,22 +223,10 @@ class JobLifecycle:
         if changed:
             await asyncio.to_thread(self.store.note_reasons, changed)
 
-    async def start_attempt(self, job_id: str) -> int:
-        """Count one more launch attempt and persist it (before its intent and the provider call)."""
-        attempt: int = await asyncio.to_thread(self.store.next_attempt, job_id)
-        return attempt
-
-    async def launched(self, job_id: str, option: QuoteOption, alloc_id: str, resource_ids: list[str],
-                       tries: Sequence[LaunchTry], decision: dict[str, Any]) -> Job:
-        """placing → provisioning: the router's launch on ``option`` went through (allocation ``alloc_id``)."""
-        where = option.zone or option.region
-        return await self._move(
-            job_id, JobState.provisioning,
-            f"launched on {option.provider} {option.sku} in {where} ({option.market.value})",
-            {"tries": [t.as_event() for t in tries], "allocation": alloc_id, "resource_ids": resource_ids,
-             "decision": decision},
-            {JobState.placing}, placement=option, decision=decision,
-        )
+    @staticmethod
+    def launched_reason(option: QuoteOption) -> str:
+        """How a job's move to provisioning names its launch (the ledger writes it with the launch)."""
+        return f"launched on {option.provider} {option.sku} in {option.zone or option.region} ({option.market.value})"
 
     async def back_to_pending(self, job_id: str, reason: str, tries: Sequence[LaunchTry] = (),
                               decision: dict[str, Any] | None = None) -> Job:
@@ -317,103 +311,157 @@ class JobLifecycle:
 
     # ------------------------------------------------------------------ what a poll means
     async def follow(self, alloc: Allocation, state: AllocationState, reason: str, hosts: list[str],
-                     exit: JobExit | None = None) -> JobState | None:
+                     exit: JobExit | None = None, *, started_at: datetime | None = None,
+                     usd_per_hour: float | None = None) -> JobState | None:
         """Move the allocation's job along after a poll answered ``state``; returns the job's new state, or
         None when it did not change (unchanged, or another writer moved it first: the next poll sees it).
 
-        A finished job's allocation that still runs is given back. A running allocation is timed from when it
-        was first seen running (its cost is added when it ends). Burn-in results are judged while it runs
-        and when it ends: a node that failed burn-in requeues the job at once.
+        What the poll saw is recorded by the ledger first (``started_at``, ``usd_per_hour``: the market's own
+        start of its billing and its price, where it reports them); then one handler per answered state
+        decides (:attr:`_ON_POLL`). A
+        finished job's allocation that still runs is given back; a running job past its ``max_duration`` (plus
+        the wrapper's margin) is stopped; burn-in results are judged while it runs and when it ends.
 
         ``exit``: how the command ended, as its wrapper reported (succeeded/failed polls). The job ends with
         its exit code and last lines, and its machines are given back at once — a cloud machine still
         shutting down, a marketplace container sitting exited — so billing stops within this poll (also when
         the market reports the end without an exit status). Every allocation that ends has its cost booked
-        into its job once (:meth:`ended`) and, where the market serves logs, its last log kept. A
-        running job past its ``max_duration`` (plus the wrapper's margin) is stopped here if its wrapper
-        did not stop it.
+        into its job once (the ledger's ``book_end``) and, where the market serves logs, its last log kept.
         """
-        now = self.clock()
         try:
             job: Job = await asyncio.to_thread(self.store.get_job, alloc.job_id)
         except NotFoundError:
             return None
         if job.state in TERMINAL_STATES:
-            if state in GONE:  # gone already (a release a crash interrupted before it was recorded): record, book
-                await self.ended(alloc, state, reason or f"job is {job.state.value}")
-            else:  # a finished job still holding capacity (its command's end included): give it back
-                await self.release(alloc, f"job is {job.state.value}",
-                                   state=state if state in ENDED else AllocationState.released)
+            await self._after_end(job, alloc, state, reason)
             return None
-        attrs = dict(alloc.attrs)
-        if hosts:
-            attrs["hosts"] = ",".join(hosts)
-        if state is AllocationState.running and "running_since" not in attrs:
-            attrs["running_since"] = now.isoformat()
-        # An allocation that ended stays live in the store until it is given back and booked (release, ended):
-        # a crash before that leaves it for the next poll, not for nobody.
-        recorded = alloc.state if state in ENDED else state
-        if recorded is not alloc.state or attrs != alloc.attrs:
-            await asyncio.to_thread(self.store.update_allocation, alloc.id, state=recorded, attrs=attrs,
-                                    reason=reason or alloc.reason)
-        alloc = alloc.model_copy(update={"attrs": attrs})
-        if state is AllocationState.running and overdue(job, attrs, now):
-            try:
-                moved = (await self._move(
-                    job.id, JobState.failed, f"max_duration {job.spec.max_duration} exceeded: stopped and released",
-                    {"allocation": alloc.id, "exit_reason": "max_duration"}, {JobState.running})).state
-            except ConflictError:
-                return None
-            await self.release(alloc, "max_duration exceeded", state=AllocationState.failed)
-            return moved
-        if state is AllocationState.running:  # a wrapper that stopped beating: its machine would bill for ever
-            silent = await wrapper_silence(self.providers.get(alloc.provider), alloc, now)
-            if silent:
-                try:
-                    return await self.requeue_preempted(job, alloc, silent)
-                except ConflictError:
-                    return None
-        if job.spec.burn_in and self.burn_in is not None and isinstance(
-                self.providers.get(alloc.provider), RunsBurnIn) and state in (
-                AllocationState.running, AllocationState.succeeded, AllocationState.failed):
-            bad = await self._burn_in_failure(job, alloc)
-            if bad and state is AllocationState.running:
-                try:
-                    return await self.requeue_preempted(job, alloc, bad)
-                except ConflictError:
-                    return None
-
+        alloc = await self.ledger.observe(alloc, state, reason, hosts, started_at, usd_per_hour)
         try:
-            if state is AllocationState.running and job.state is JobState.provisioning:
-                where = ", ".join(hosts) if hosts else alloc.zone or alloc.region
-                return (await self._move(job.id, JobState.running, f"running on {where}", {"allocation": alloc.id},
-                                         {JobState.provisioning})).state
-            if state in (AllocationState.succeeded, AllocationState.failed):
-                # The command ended: the machines are idle from now on, whether the wrapper's status came back
-                # (``exit``) or the market only says it stopped (a Vast container that exited still bills until
-                # it is destroyed). The job ends first, then its machines are given back in this same poll (last
-                # log kept, cost booked): a crash in between leaves a finished job holding an allocation, which
-                # the next poll gives back and books — never a finished job taken for a preempted one.
-                ended = exit.describe() if exit is not None else reason or state.value
-                ok = state is AllocationState.succeeded
-                why = (f"finished: {exit.describe()}" if exit is not None else reason or "finished") if ok else (
-                    f"failed: {exit.describe()}" if exit is not None else reason or "failed at provider")
-                data: dict[str, Any] = {"allocation": alloc.id}
-                if exit is not None:
-                    data.update(exit_code=exit.exit_code, exit_reason=exit.reason.value, node=exit.rank,
-                                last_lines=exit.last_lines)
-                moved = (await self._move(job.id, JobState.succeeded if ok else JobState.failed, why, data,
-                                          {JobState.provisioning, JobState.running})).state
-                await self.release(alloc, f"the job's command ended ({ended})", state=state)
-                return moved
-            if state is AllocationState.preempted:
-                return await self.requeue_preempted(job, alloc, reason or "preempted by the provider")
-            if state is AllocationState.released:
-                # Gone without us releasing it (e.g. cancelled outside Lockstep): requeue it.
-                return await self.requeue_preempted(job, alloc, reason or "allocation disappeared at the provider")
+            if state is AllocationState.running and overdue(job, alloc.attrs, self.clock()):
+                return await self._stop_overdue(job, alloc)
+            if state is AllocationState.running:  # a wrapper that stopped beating: its machine would bill for ever
+                silent = await wrapper_silence(self.providers.get(alloc.provider), alloc, self.clock())
+                if silent:
+                    return await self.requeue_preempted(job, alloc, silent)
+            if state in self._JUDGES_BURN_IN and job.spec.burn_in and self.burn_in is not None and isinstance(
+                    self.providers.get(alloc.provider), RunsBurnIn):
+                bad = await self._burn_in_failure(job, alloc)
+                if bad and state is AllocationState.running:
+                    return await self.requeue_preempted(job, alloc, bad)
+            handler = self._ON_POLL.get(state)
+            return None if handler is None else await handler(self, job, alloc, state, reason, hosts, exit)
         except ConflictError:
-            pass  # someone else moved the job (cancel); the next poll sees the new state
+            return None  # someone else moved the job (a cancel); the next poll sees the new state
+
+    _JUDGES_BURN_IN = (AllocationState.running, AllocationState.succeeded, AllocationState.failed)
+
+    async def _after_end(self, job: Job, alloc: Allocation, state: AllocationState, reason: str) -> None:
+        """A finished job's allocation: record it when gone already (a release a crash interrupted before it
+        was recorded) and book it; give it back when it still holds capacity (its command's end included)."""
+        if state in GONE:
+            await self.ended(alloc, state, reason or f"job is {job.state.value}")
+        else:
+            await self.release(alloc, f"job is {job.state.value}",
+                               state=state if state in ENDED else AllocationState.released)
+
+    async def _stop_overdue(self, job: Job, alloc: Allocation) -> JobState:
+        moved = (await self._move(
+            job.id, JobState.failed, f"max_duration {job.spec.max_duration} exceeded: stopped and released",
+            {"allocation": alloc.id, "exit_reason": "max_duration"}, {JobState.running})).state
+        await self.release(alloc, "max_duration exceeded", state=AllocationState.failed)
+        return moved
+
+    async def _on_queued(self, job: Job, alloc: Allocation, state: AllocationState, reason: str, hosts: list[str],
+                         exit: JobExit | None) -> JobState | None:
+        """Accepted, not started: waiting in the market's queue, accruing nothing; the job says so."""
+        if job.state is JobState.provisioning:
+            why = f"queued in {alloc.provider}" + (f": {reason}" if reason else "")
+            if job.reason != why:
+                await asyncio.to_thread(self.store.note_reasons, {job.id: why}, JobState.provisioning)
         return None
+
+    async def _on_running(self, job: Job, alloc: Allocation, state: AllocationState, reason: str,
+                          hosts: list[str], exit: JobExit | None) -> JobState | None:
+        if job.state is not JobState.provisioning:
+            return None
+        where = ", ".join(hosts) if hosts else alloc.zone or alloc.region
+        return (await self._move(job.id, JobState.running, f"running on {where}", {"allocation": alloc.id},
+                                 {JobState.provisioning})).state
+
+    async def _on_end(self, job: Job, alloc: Allocation, state: AllocationState, reason: str, hosts: list[str],
+                      exit: JobExit | None) -> JobState | None:
+        """The command ended: the machines are idle from now on, whether the wrapper's status came back
+        (``exit``) or the market only says it stopped (a Vast container that exited still bills until it is
+        destroyed). The job ends first, then its machines are given back in this same poll (last log kept, cost
+        booked): a crash in between leaves a finished job holding an allocation, which the next poll gives back
+        and books — never a finished job taken for a preempted one."""
+        ended = exit.describe() if exit is not None else reason or state.value
+        ok = state is AllocationState.succeeded
+        why = (f"finished: {exit.describe()}" if exit is not None else reason or "finished") if ok else (
+            f"failed: {exit.describe()}" if exit is not None else reason or "failed at provider")
+        if STOP_REASON in alloc.attrs:  # it ended after it was told to stop for its cost
+            why = f"{alloc.attrs[STOP_REASON]}: stopped; {why}"
+        data: dict[str, Any] = {"allocation": alloc.id}
+        if exit is not None:
+            data.update(exit_code=exit.exit_code, exit_reason=exit.reason.value, node=exit.rank,
+                        last_lines=exit.last_lines)
+        moved = (await self._move(job.id, JobState.succeeded if ok else JobState.failed, why, data,
+                                  {JobState.provisioning, JobState.running})).state
+        await self.release(alloc, f"the job's command ended ({ended})", state=state)
+        return moved
+
+    async def _on_preempted(self, job: Job, alloc: Allocation, state: AllocationState, reason: str,
+                            hosts: list[str], exit: JobExit | None) -> JobState | None:
+        return await self.requeue_preempted(job, alloc, reason or "preempted by the provider")
+
+    async def _on_gone(self, job: Job, alloc: Allocation, state: AllocationState, reason: str, hosts: list[str],
+                       exit: JobExit | None) -> JobState | None:
+        """Gone without us releasing it (e.g. cancelled outside Lockstep): requeue it."""
+        return await self.requeue_preempted(job, alloc, reason or "allocation disappeared at the provider")
+
+    async def stop_for_cost(self, job: Job, alloc: Allocation, reason: str, action: BudgetAction,
+                            grace_s: float) -> JobState | None:
+        """A running (or provisioning) job whose tenant's budget is spent, or that reached its own max_cost_usd
+        (``reason`` says which): per ``action``, nothing (``continue``), stopped now (``stop``: failed with the
+        reason, its machines released and booked), or SIGTERM where its market can signal, then stopped
+        ``grace_s`` later unless it ended first (``signal_then_stop``; where the market cannot signal, at
+        once). Returns the job's new state, or None while it runs on."""
+        if action is BudgetAction.continue_:
+            return None
+        if action is BudgetAction.signal_then_stop and grace_s > 0:
+            due = alloc.attrs.get(STOP_AT)
+            if due is not None and self.clock() < datetime.fromisoformat(due):
+                return None  # signalled: its checkpoint window is still open
+            provider = self.providers.get(alloc.provider)
+            if due is None and isinstance(provider, SignalsJobs) and alloc.state is AllocationState.running:
+                try:
+                    await provider.signal(alloc, "TERM")
+                except ProviderError as exc:
+                    log.warning("job %s: SIGTERM for its cost not sent (%s): stopping it now", job.id, exc)
+                else:
+                    await self.ledger.stop_requested(alloc, self.clock() + timedelta(seconds=grace_s), reason)
+                    await asyncio.to_thread(self.store.note_event, job.id, f"{reason}: SIGTERM sent; released in "
+                                            f"{grace_s:g} s unless it ends first", {"allocation": alloc.id,
+                                                                                   "stop": "signal_then_stop"})
+                    return None
+        try:
+            moved = (await self._move(job.id, JobState.failed, f"{reason}: stopped and released",
+                                      {"allocation": alloc.id, "exit_reason": "budget"},
+                                      {JobState.provisioning, JobState.running})).state
+        except ConflictError:
+            return None
+        await self.release(alloc, reason)
+        return moved
+
+    # What a poll's answer means for the job: one handler per allocation state (none: nothing to do).
+    _ON_POLL: dict[AllocationState, Callable[..., Awaitable[JobState | None]]] = {
+        AllocationState.pending: _on_queued,
+        AllocationState.running: _on_running,
+        AllocationState.succeeded: _on_end,
+        AllocationState.failed: _on_end,
+        AllocationState.preempted: _on_preempted,
+        AllocationState.released: _on_gone,
+    }
 
     async def _burn_in_failure(self, job: Job, alloc: Allocation) -> str:
         """Record what the allocation's burn-in step measured; the reason when a node failed it, else ''."""
@@ -438,17 +486,14 @@ class JobLifecycle:
         the last of its log kept (docs/runtime.md). A failed release is left unrecorded (still live), so
         reconciliation retries it; with ``raise_errors`` the ProviderError reaches the caller too.
 
-        Crash safety: the moment the release call begins is written on the record first (``releasing_at``)
-        and cleared when the call fails. A crash after the machine is gone but before the record says so
-        leaves that mark; the next end of the same record (a poll, a reconcile) books the cost up to it.
-        Booking is the store's compare-and-set on ``cost_usd IS NULL``: never twice.
+        Crash safety (the ledger's writes): the moment the release call begins is written on the record first
+        (``releasing_at``) and cleared when the call fails. A crash after the machine is gone but before the
+        record says so leaves that mark; the next end of the same record (a poll, a reconcile) books the cost
+        up to it. Booking is the store's compare-and-set on ``cost_usd IS NULL``: never twice.
         """
         provider = self.providers.get(alloc.provider)
         if isinstance(provider, Launches) and (alloc.resource_ids or alloc.state is not AllocationState.intent):
-            attrs = dict(alloc.attrs)
-            if alloc.resource_ids and RELEASING not in attrs:
-                attrs[RELEASING] = self.clock().isoformat()
-                await asyncio.to_thread(self.store.update_allocation, alloc.id, attrs=attrs)
+            alloc = await self.ledger.releasing(alloc)
             if isinstance(provider, HasJobLogs) and alloc.resource_ids:
                 try:
                     await self.archive_logs(alloc, provider)
@@ -458,33 +503,18 @@ class JobLifecycle:
                 await provider.release(alloc)
             except ProviderError as exc:
                 log.warning("release %s: %s (reconciliation will retry)", alloc.id, exc)
-                attrs.pop(RELEASING, None)
-                await asyncio.to_thread(self.store.update_allocation, alloc.id, attrs=attrs)
+                await self.ledger.release_failed(alloc)
                 if raise_errors:
                     raise
                 return
-            alloc = alloc.model_copy(update={"attrs": attrs})
+            await self.ledger.book_end(alloc, state, reason, ended_at=self.clock())  # billing stopped just now
+            return
         await self.ended(alloc, state, reason)
 
     async def ended(self, alloc: Allocation, state: AllocationState, reason: str) -> Allocation:
-        """Record an allocation that no longer holds anything as ``state``, booking its cost once: its price ×
-        its billed time (from when it was first seen running, or launched, to now — or to when a release a
-        crash interrupted began), rounded per its provider's billing granularity. Nothing is booked for an
-        allocation that never reached the provider."""
-        provider = self.providers.get(alloc.provider)
-        billing = provider.billing if provider is not None else Provider.billing
-        current = await asyncio.to_thread(self.store.get_allocation, alloc.id)
-        attrs = {**current.attrs, **alloc.attrs}
-        end = datetime.fromisoformat(attrs[RELEASING]) if RELEASING in attrs else self.clock()
-        seconds = (end - billing_start(current.created_at, attrs)).total_seconds()
-        launched = bool(current.resource_ids or alloc.resource_ids)
-        billed = billing.billed_seconds(seconds) if launched else 0.0
-        cost = current.usd_per_hour * billed / 3600.0
-        done, booked = await asyncio.to_thread(self.store.end_allocation, alloc.id, state=state, reason=reason,
-                                               ended_at=end, cost_usd=cost, billed_s=billed)
-        if booked and cost:
-            log.info("allocation %s of job %s ended: %.0f s billed, $%.4f", alloc.id, alloc.job_id, billed, cost)
-        return done
+        """Record an allocation that no longer holds anything as ``state``, its cost booked once (the ledger's
+        ``book_end``: the market's billed time × its price)."""
+        return await self.ledger.book_end(alloc, state, reason)
 
     async def archive_logs(self, alloc: Allocation, provider: HasJobLogs) -> None:
         """Keep the last of each node's log in the store, secret values masked: the machine, and the market's

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from broker.budgets import BudgetAlert, BudgetWatch
 from broker.config import Settings
 from broker.errors import ProviderError
 from broker.lifecycle import BurnInResults, JobLifecycle, PlacementLimits, PlacementWait
@@ -39,6 +40,7 @@ RETRY_AFTER = timedelta(seconds=15)  # a job that could not be placed waits this
 # jobs and intents, once older than reconcile's stale_after) and retries releases that failed.
 RECONCILE_EVERY_S = 300.0
 PLACING_AT_ONCE = 8  # placements (launches) in flight at once in one pass
+CLAIM_BATCH = 2 * PLACING_AT_ONCE  # jobs claimed in one write
 # Passes woken by submissions start at most this often: a burst of submissions is placed by one pass
 # rather than one pass (and one look over the pending queue) per submission.
 PLACE_MIN_GAP_S = 0.25
@@ -46,6 +48,7 @@ PLACE_MIN_GAP_S = 0.25
 # just requeued) and at the retries that came due, without reading every pending job's id; a full look
 # over the queue (which also finds other processes' jobs) is made at least this often.
 FULL_LOOK_EVERY_S = 1.0
+POLLING_AT_ONCE = 16  # provider polls in flight at once in one poll pass
 MAX_HINTS = 100_000  # past this, hints are dropped: the next full look finds those jobs anyway
 
 
@@ -69,6 +72,7 @@ class BrokerLoops:
         wake: asyncio.Event | None = None,
         burn_in: BurnInResults | None = None,
         hints: set[str] | None = None,
+        on_budget_alert: BudgetAlert | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -79,6 +83,7 @@ class BrokerLoops:
                                       secrets=SecretSources(settings.secrets))
         self.router = Router(settings, store, market, clock=clock, preemption_rates=preemption_rates,
                              on_placed=on_placed, lifecycle=self.lifecycle)
+        self.budgets = BudgetWatch(settings, store, self.lifecycle, clock=clock, on_alert=on_budget_alert)
         self.wake = wake or asyncio.Event()
         self.hints: set[str] = hints if hints is not None else set()  # job ids to look at in a woken pass
         self._woken = False  # the last wait of the place loop ended on ``wake``
@@ -154,37 +159,41 @@ class BrokerLoops:
                 results.append(PlacementResult(job, False, why))
             return bool(why)
 
-        async def one(job: Job) -> None:
-            if self.limits.may_be_due(job, now) and await self._give_up(job, now, results):
-                return
-            if stays(job):
-                return
+        async def one(claimed: Job) -> None:
             async with self._sem:
-                claimed = await self.lifecycle.claim(job.id, self.worker)
-                if claimed is None:
-                    return
                 try:
                     res = await self.router.place(claimed, unhealthy, now=now)
                 except Exception as exc:  # never leave a claimed job stuck in placing
-                    log.exception("placing %s", job.id)
+                    log.exception("placing %s", claimed.id)
                     res = await self.router.back_to_pending(claimed, f"placement error: {exc!r}"[:300], [], {})
                 if not res.placed:
-                    self._retry_at[job.id] = self.clock() + RETRY_AFTER
+                    self._retry_at[claimed.id] = self.clock() + RETRY_AFTER
                     if res.tries and res.job.state is JobState.pending and self.limits.rounds and \
                             await self._give_up(res.job, self.clock(), results):
                         return
                 results.append(res)
 
+        async def batch(jobs: list[Job]) -> None:
+            """Claim a batch in one write, then place what was claimed (``PLACING_AT_ONCE`` at a time)."""
+            async with lanes:
+                claimed = await self.lifecycle.claim_many([j.id for j in jobs], self.worker)
+                await asyncio.gather(*(one(c) for c in claimed))
+
         # Jobs that cannot be placed now are settled here, without a task each (a queue of thousands
         # of one unplaceable spec is a loop, not thousands of tasks), handing the event loop back now and
         # then so that requests are not held up by a long pass.
-        tasks = []
+        to_place: list[Job] = []
         for i, job in enumerate(pending):
-            if self.limits.may_be_due(job, now) or not stays(job):
-                tasks.append(one(job))
+            if self.limits.may_be_due(job, now) and await self._give_up(job, now, results):
+                continue
+            if not stays(job):
+                to_place.append(job)
             if i % 256 == 255:
                 await asyncio.sleep(0)
-        await asyncio.gather(*tasks)
+        # Claims go in batches, one write each; two batches at a time, so the next batch is claimed while
+        # this one is placed, and few jobs sit claimed but not yet being placed.
+        lanes = asyncio.Semaphore(2)
+        await asyncio.gather(*(batch(to_place[i:i + CLAIM_BATCH]) for i in range(0, len(to_place), CLAIM_BATCH)))
         await self.lifecycle.note_waiting_many(waits)
         return results
 
@@ -258,30 +267,49 @@ class BrokerLoops:
 
     # ------------------------------------------------------------------ polling
     async def poll_once(self) -> int:
-        """Poll every live allocation and let the lifecycle move its job along. Returns how many were polled."""
+        """Poll every live allocation and let the lifecycle move its job along. Returns how many were polled.
+
+        The polls of one pass run concurrently (``POLLING_AT_ONCE`` at a time): a pass takes about one
+        round trip to the slowest market, not one per allocation, so a command that ended is seen — and its
+        machine released — within one poll interval however many allocations are live."""
         allocs: list[Allocation] = await asyncio.to_thread(self.store.live_allocations)
-        polled = 0
-        for alloc in allocs:
-            if alloc.state is AllocationState.intent:
-                continue  # the router is launching it, or reconciliation will resolve it
-            provider = self.market.launcher(alloc.provider)
-            if provider is None:
-                continue
-            try:
-                status = await self.market.circuits[alloc.provider].call(functools.partial(provider.poll, alloc))
-            except CircuitOpen:
-                continue  # not called while its circuit is open; polled again once it closes
-            except ProviderError as exc:
-                log.warning("poll %s on %s: %s", alloc.id, alloc.provider, exc)
-                continue
-            polled += 1
-            moved = await self.lifecycle.follow(alloc, status.state, status.reason, status.hosts, status.exit)
-            if moved is JobState.pending:  # requeued: place it again at once
-                self._retry_at.pop(alloc.job_id, None)
-                if len(self.hints) < MAX_HINTS:
-                    self.hints.add(alloc.job_id)
-                self.wake.set()
-        return polled
+        sem = asyncio.Semaphore(POLLING_AT_ONCE)
+
+        async def one(alloc: Allocation) -> bool:
+            async with sem:
+                return await self._poll_one(alloc)
+
+        polled = await asyncio.gather(*(one(a) for a in allocs if a.state is not AllocationState.intent))
+        try:  # budgets hold while jobs run: weighed after every poll pass (broker/budgets.py)
+            await self.budgets.check()
+        except Exception:
+            log.exception("budget check")
+        return sum(polled)
+
+    async def _poll_one(self, alloc: Allocation) -> bool:
+        """Poll one allocation (an intent is the router's, or reconciliation's); True when the market answered."""
+        provider = self.market.launcher(alloc.provider)
+        if provider is None:
+            return False
+        try:
+            status = await self.market.circuits[alloc.provider].call(functools.partial(provider.poll, alloc))
+        except CircuitOpen:
+            return False  # not called while its circuit is open; polled again once it closes
+        except ProviderError as exc:
+            log.warning("poll %s on %s: %s", alloc.id, alloc.provider, exc)
+            return False
+        try:
+            moved = await self.lifecycle.follow(alloc, status.state, status.reason, status.hosts, status.exit,
+                                                started_at=status.started_at, usd_per_hour=status.usd_per_hour)
+        except Exception:  # one allocation's trouble must not stop the others' polls
+            log.exception("following %s", alloc.id)
+            return True
+        if moved is JobState.pending:  # requeued: place it again at once
+            self._retry_at.pop(alloc.job_id, None)
+            if len(self.hints) < MAX_HINTS:
+                self.hints.add(alloc.job_id)
+            self.wake.set()
+        return True
 
     # ------------------------------------------------------------------ loops
     async def _loop(self, name: str, interval: float, fn: Callable[[], Awaitable[Any]],

@@ -63,6 +63,13 @@ def billing_start(created_at: datetime, attrs: Mapping[str, str] | None) -> date
     return as_utc(since) if since else as_utc(created_at)
 
 
+def accrues(state: str, attrs: Mapping[str, str] | None) -> bool:
+    """Is a live allocation being billed now? Once its market started it (running, or ``running_since`` set:
+    the market's own start where it reports one); a job waiting in a market's queue (Slurm PENDING, EC2
+    pending) costs nothing yet."""
+    return state == "running" or bool((attrs or {}).get("running_since"))
+
+
 # --------------------------------------------------------------------------- enums
 
 
@@ -559,6 +566,11 @@ class JobSpec(SpecModel):
     max_duration: str | None = Field(
         default=None, max_length=64, description="hard wall-clock cap per attempt, e.g. 12h: the command is "
         "stopped, the job fails with that reason and its machines are released")
+    max_cost_usd: float | None = Field(
+        default=None, gt=0, le=1e9, allow_inf_nan=False,
+        description="a cap on what the job may cost in USD, all attempts together: options dearer than what is "
+        "left are not placed, and a running job that reaches it is stopped the way its tenant's "
+        "on_budget_exhausted says (docs/runtime.md)")
     rdzv_port: int = Field(default=DEFAULT_RDZV_PORT, ge=1024, le=65535,
                            description="the port of the multi-node rendezvous (LOCKSTEP_RDZV_PORT)")
     disk_gb: float = Field(default=100.0, ge=0, le=1e7)
@@ -962,6 +974,12 @@ class AllocationStatus(BaseModel):
     reason: str = ""
     hosts: list[str] = Field(default_factory=list)
     exit: JobExit | None = None
+    # The market's own record of when it began and stopped billing the allocation, where it reports one
+    # (Slurm's start_time/end_time): billed time follows the market, not the moment a poll noticed.
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    # The market's own price for it where it reports one (Vast's dph_total: the rental plus its disk's storage).
+    usd_per_hour: float | None = None
 
 
 class LogLine(BaseModel):
@@ -1081,12 +1099,21 @@ class Benchmark(BaseModel):
     raw: dict[str, Any] = Field(default_factory=dict)
 
 
+class BudgetAction(StrEnum):
+    """What happens to a tenant's running jobs once its monthly budget is spent (or a job's max_cost_usd)."""
+
+    stop = "stop"  # released at once, the job failed with the reason
+    signal_then_stop = "signal_then_stop"  # SIGTERM where its market can signal, a checkpoint window, then stop
+    continue_ = "continue"  # alerts only: running jobs run on (no new placement either way)
+
+
 class Tenant(BaseModel):
     model_config = ConfigDict(defer_build=True)
 
     name: str
     monthly_budget_usd: float | None = None
     max_gpus: int | None = None
+    on_budget_exhausted: BudgetAction = BudgetAction.signal_then_stop
     created_at: datetime = Field(default_factory=utcnow)
     month_to_date_usd: float = Field(default=0.0, description="USD spent this calendar month (UTC): ended "
                                                               "allocations' booked costs plus what live ones "
@@ -1128,6 +1155,7 @@ class TenantCreate(BaseModel):
     name: str = Field(pattern=NAME_PATTERN)
     monthly_budget_usd: MonthlyBudgetUsd | None = None
     max_gpus: GpuCap | None = None
+    on_budget_exhausted: BudgetAction = BudgetAction.signal_then_stop
 
 
 class TenantPatch(BaseModel):
@@ -1138,6 +1166,7 @@ class TenantPatch(BaseModel):
 
     monthly_budget_usd: MonthlyBudgetUsd | None = None
     max_gpus: GpuCap | None = None
+    on_budget_exhausted: BudgetAction | None = None
 
 
 class TokenCreate(BaseModel):

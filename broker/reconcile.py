@@ -16,9 +16,9 @@ One pass runs four phases, in this order:
 
 A provider that cannot be listed is left alone: nothing of it is released and
 none of its jobs is requeued on a guess. Job state changes go through
-broker/lifecycle.py. Adopting a record and failing an intent are compare-and-sets
-on the allocation's state (``expected=``), so a launcher or the poll loop that
-decided meanwhile wins.
+broker/lifecycle.py; allocation writes through the ledger (broker/ledger.py).
+Adopting a record and failing an intent are the ledger's compare-and-sets on the
+allocation's state, so a launcher or the poll loop that decided meanwhile wins.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
@@ -176,12 +176,8 @@ class _Pass:
         in flight; over what we read only, since a launcher or the poll loop may have decided since."""
         if mine.state is AllocationState.intent and self.may_be_in_flight(mine.created_at):
             return  # a launch in flight (this process's or a replica's): its launcher records it
-        update: dict[str, Any] = {"resource_ids": a.resource_ids or mine.resource_ids}
-        if mine.state in (AllocationState.intent, AllocationState.failed, AllocationState.unknown):
-            update["state"] = a.state if a.state not in (AllocationState.intent, AllocationState.unknown) \
-                else AllocationState.pending
         try:
-            await asyncio.to_thread(self.store.update_allocation, mine.id, expected={mine.state}, **update)
+            await self.lifecycle.ledger.adopt(mine, a)
         except ConflictError:
             if (await asyncio.to_thread(self.store.get_allocation, mine.id)).state is not mine.state:
                 return  # decided meanwhile: the next pass looks again
@@ -193,10 +189,8 @@ class _Pass:
     async def adopt_unrecorded(self, p: Launches, a: Allocation, job: Job) -> None:
         """Write the record a crash between the provider call and its record never wrote; when the job took
         another live allocation meanwhile (the store allows one), release this one instead."""
-        started = a.state in (AllocationState.pending, AllocationState.running, AllocationState.unknown)
-        rec = a.model_copy(update={"state": a.state if started else AllocationState.pending})
         try:
-            rec = await asyncio.to_thread(self.store.add_allocation, rec)
+            rec = await self.lifecycle.ledger.record_found(a)
         except ConflictError:
             await self.release(p, a, f"duplicate: job {job.id} holds another live allocation", None)
             return
@@ -220,13 +214,8 @@ class _Pass:
             current = await asyncio.to_thread(self.store.get_allocation, rec.id)
             if current.state is not AllocationState.intent or current.resource_ids:
                 continue
-            try:
-                await asyncio.to_thread(self.store.update_allocation, rec.id, expected={AllocationState.intent},
-                                        state=AllocationState.failed,
-                                        reason="launch did not complete before a broker restart")
-            except ConflictError:
-                continue
-            self.report.failed_intents.append(rec.id)
+            if await self.lifecycle.ledger.fail_intent(rec.id, "launch did not complete before a broker restart"):
+                self.report.failed_intents.append(rec.id)
 
     # ------------------------------------------------------------------ 4. jobs left mid-way
     async def resolve_jobs(self) -> None:

@@ -7,12 +7,13 @@ candidate (another zone, type or provider), up to a cap; every failed try is
 kept with its reason in the job's event. Multi-node jobs are launched as one
 request on one co-located offer: all nodes or none.
 
-Crash safety: the allocation is written to the store as an *intent* (with the
-idempotency token the provider will see) and the attempt counter is persisted
-*before* the provider is called; the result is recorded after. Reconciliation
+Crash safety: the attempt counter and an *intent* allocation (with the idempotency
+token the provider will see) are written in one transaction *before* the provider
+is called; the launch and the job's move to provisioning in one after. Both are
+the allocation ledger's writes (broker/ledger.py). Reconciliation
 (broker/reconcile.py) finishes whatever a crash interrupted.
 
-The job's state changes (launched, back to pending) go through broker/lifecycle.py.
+The job's other state changes (back to pending, failed) go through broker/lifecycle.py.
 """
 
 from __future__ import annotations
@@ -236,10 +237,15 @@ class Router:
             return None, ""
         left = None
         if tenant.monthly_budget_usd is not None:
+            # What its running jobs are expected to cost yet counts as spent: at 100% projected, nothing new.
             spent = await self._db(self.store.tenant_spend, job.tenant, month_start(now), now)
-            left = tenant.monthly_budget_usd - spent
+            committed = await self._db(self.store.tenant_committed, job.tenant, now)
+            left = tenant.monthly_budget_usd - spent - committed
             if left <= 0:
-                return left, (f"budget: tenant {job.tenant} has spent ${spent:,.2f} of its "
+                return left, (f"budget: tenant {job.tenant} has spent ${spent:,.2f} (and its running jobs are "
+                              f"expected to cost ${committed:,.2f} more) of its "
+                              f"${tenant.monthly_budget_usd:,.2f} monthly budget" if committed else
+                              f"budget: tenant {job.tenant} has spent ${spent:,.2f} of its "
                               f"${tenant.monthly_budget_usd:,.2f} monthly budget")
         if tenant.max_gpus is not None:
             held = await self._db(self.store.gpus_held, job.tenant)
@@ -291,12 +297,17 @@ class Router:
         budget_left, budget_reason = await self._budget(job, now)
         if budget_reason:
             return await self.back_to_pending(job, budget_reason, [], {"budget": budget_reason})
+        if job.spec.max_cost_usd is not None:  # the job's own cap, on what it has not spent yet
+            own = job.spec.max_cost_usd - job.spent_usd
+            budget_left = own if budget_left is None else min(budget_left, own)
         # A job's own cap beyond what is left of the tenant budget
         if budget_left is not None:
             options = [o for o in options if o.expected_cost_usd <= budget_left]
             if not options and q.options:
                 return await self.back_to_pending(
-                    job, f"budget: no option fits the ${budget_left:,.2f} left of tenant {job.tenant}'s budget",
+                    job, f"budget: no option fits the ${budget_left:,.2f} left of " + (
+                        f"the job's max_cost_usd (${cap:,.2f})" if (cap := job.spec.max_cost_usd) is not None
+                        and budget_left == cap - job.spent_usd else f"tenant {job.tenant}'s budget"),
                     [], {"budget_left_usd": round(budget_left, 2)})
         situation = await self._db(self.situation, job, options, now)
         decision = self.decide(job, options, situation, budget_left)
@@ -369,30 +380,39 @@ class Router:
         ``ticket``: the provider's circuit's leave for the launch call, which records its outcome."""
         provider = self.market.launcher(opt.provider)
         assert provider is not None  # only launchable options are tried
-        # Counted (and persisted) before the intent and the call: a crash never reuses an attempt's token.
-        attempt = await self.lifecycle.start_attempt(job.id)
         spec = job.spec
+        runtime, installation = self.settings.runtime, self.settings.broker.installation
         if spec.burn_in and isinstance(provider, RunsBurnIn):
-            # Burn-in as the allocation's first step: the probe runs before the user's command.
             from broker.burnin import burnin_command, job_stem, results_path
 
-            spec = spec.model_copy(update={"command": burnin_command(
-                spec.command, result_dir=str(results_path(self.settings)), stem=job_stem(job.id, attempt))})
-        run = RunRequest.for_launch(spec, job_id=job.id, attempt=attempt, secrets=secret_values,
-                                    runtime=self.settings.runtime)
+            result_dir = str(results_path(self.settings))
         members = [m for i in member_ids(offer.id) if (m := self.market.find(i)) is not None] \
             if is_assembled(offer.id) else []
-        req = LaunchRequest(job_id=job.id, tenant=job.tenant, attempt=attempt, spec=spec, offer=offer,
-                            nodes=opt.nodes, installation=self.settings.broker.installation, run=run,
-                            members=members)
-        alloc = Allocation(
-            id=new_alloc_id(), job_id=job.id, attempt=attempt, provider=opt.provider, offer_id=opt.offer_id,
-            state=AllocationState.intent, client_token=req.client_token, nodes=opt.nodes, region=opt.region,
-            zone=opt.zone, usd_per_hour=opt.usd_per_hour,
-            attrs={"sku": opt.sku, "market": opt.market.value, "option": opt.model_dump_json()},
-        )
-        # Intent first: a crash after the provider call is then always recoverable.
-        await self._db(self.store.add_allocation, alloc)
+        reqs: dict[int, LaunchRequest] = {}
+
+        def build(attempt: int) -> Allocation:
+            """The attempt's request and its intent (inside the ledger's transaction: pure, no I/O)."""
+            launch_spec = spec
+            if spec.burn_in and isinstance(provider, RunsBurnIn):
+                # Burn-in as the allocation's first step: the probe runs before the user's command.
+                launch_spec = spec.model_copy(update={"command": burnin_command(
+                    spec.command, result_dir=result_dir, stem=job_stem(job.id, attempt))})
+            run = RunRequest.for_launch(launch_spec, job_id=job.id, attempt=attempt, secrets=secret_values,
+                                        runtime=runtime)
+            req = reqs[attempt] = LaunchRequest(
+                job_id=job.id, tenant=job.tenant, attempt=attempt, spec=launch_spec, offer=offer, nodes=opt.nodes,
+                installation=installation, run=run, members=members)
+            return Allocation(
+                id=new_alloc_id(), job_id=job.id, attempt=attempt, provider=opt.provider, offer_id=opt.offer_id,
+                state=AllocationState.intent, client_token=req.client_token, nodes=opt.nodes, region=opt.region,
+                zone=opt.zone, usd_per_hour=opt.usd_per_hour,
+                attrs={"sku": opt.sku, "market": opt.market.value, "option": opt.model_dump_json()},
+            )
+
+        # The attempt counter and the intent, one transaction, before the provider call: a crash after the
+        # call is then always recoverable, and an attempt's token is never reused.
+        alloc = await self.lifecycle.ledger.begin_attempt(job.id, build)
+        req = reqs[alloc.attempt]
         try:
             got = await self._launch(provider, req)
         except ProviderError as exc:
@@ -417,48 +437,35 @@ class Router:
             return failed
         ticket.record(None)
 
-        state = got.state if got.state not in (AllocationState.intent, AllocationState.unknown) else \
-            AllocationState.pending
-        attrs = {**alloc.attrs, **got.attrs}
-        try:
-            await self._db(self.store.update_allocation, alloc.id, expected={AllocationState.intent}, state=state,
-                           resource_ids=got.resource_ids, zone=got.zone or alloc.zone, attrs=attrs)
-        except ConflictError:
-            # A reconcile decided on this intent while we launched (a launch slower than its
-            # stale_after, or an exclusive pass): it gave the intent up, or adopted the launch.
-            current = await self._db(self.store.get_allocation, alloc.id)
-            if current.state is AllocationState.failed and not current.resource_ids:
-                return await self._release_orphan(job, alloc, provider, got, tries)
-            # Adopted: the record (and what the reconcile wrote into it) stands; move the job on below.
-        try:
-            placed = await self.lifecycle.launched(job.id, opt, alloc.id, got.resource_ids, tries,
-                                                   decision.as_dict())
-        except ConflictError:
-            current = await self._db(self.store.get_allocation, alloc.id)
-            latest = await self._db(self.store.get_job, job.id)
-            if latest.state in (JobState.provisioning, JobState.running) and current.state in LIVE_STATES:
-                # A reconcile adopted this launch and moved the job on itself: placed all the same.
-                return PlacementResult(latest, True, f"launched; adopted by a reconcile meanwhile ({latest.reason})",
-                                       list(tries))
-            # Cancelled (or requeued) while we launched: give it straight back.
-            log.info("job %s was cancelled during launch; releasing %s", job.id, got.resource_ids)
-            await provider.release(current)
-            await self.lifecycle.ended(current, AllocationState.released, "job cancelled during launch")
-            return PlacementResult(await self._db(self.store.get_job, job.id), False, "cancelled during launch",
+        record = await self.lifecycle.ledger.launched(
+            alloc, got, reason=self.lifecycle.launched_reason(opt),
+            data={"tries": [t.as_event() for t in tries], "allocation": alloc.id, "resource_ids": got.resource_ids,
+                  "decision": decision.as_dict()},
+            placement=opt, decision=decision.as_dict())
+        if record.job is not None:
+            if self.on_placed:
+                self.on_placed(opt.provider, "placed")
+            return PlacementResult(record.job, True, record.job.reason, list(tries))
+        if not record.recorded and record.alloc_state is AllocationState.failed:
+            # A reconcile gave this intent up while we launched (a launch slower than its stale_after, or an
+            # exclusive pass), and requeued the job: what we got belongs to nobody.
+            return await self._release_orphan(job, alloc, provider, got, tries)
+        latest = await self._db(self.store.get_job, job.id)
+        if latest.state in (JobState.provisioning, JobState.running) and record.alloc_state in LIVE_STATES:
+            # A reconcile adopted this launch and moved the job on itself: placed all the same.
+            return PlacementResult(latest, True, f"launched; adopted by a reconcile meanwhile ({latest.reason})",
                                    list(tries))
-        if self.on_placed:
-            self.on_placed(opt.provider, "placed")
-        return PlacementResult(placed, True, placed.reason, list(tries))
+        # Cancelled (or requeued) while we launched: give it straight back.
+        log.info("job %s was cancelled during launch; releasing %s", job.id, got.resource_ids)
+        current = await self._db(self.store.get_allocation, alloc.id)
+        await self.lifecycle.release(current, "job cancelled during launch")
+        return PlacementResult(await self._db(self.store.get_job, job.id), False, "cancelled during launch",
+                               list(tries))
 
     async def _fail_intent(self, alloc: Allocation, reason: str, kind: str = "error") -> bool:
         """Record a failed launch over its intent (``kind``: :func:`error_kind`, kept in its attrs: a spot market's
         history counts capacity refusals); False when a reconcile decided on the intent first."""
-        try:
-            await self._db(self.store.update_allocation, alloc.id, expected={AllocationState.intent},
-                           state=AllocationState.failed, reason=reason, attrs={**alloc.attrs, "error_kind": kind})
-        except ConflictError:
-            return False
-        return True
+        return await self.lifecycle.ledger.fail_intent(alloc.id, reason, {**alloc.attrs, "error_kind": kind})
 
     async def _decided_elsewhere(self, job: Job, alloc: Allocation, tries: Sequence[LaunchTry]) -> PlacementResult:
         """A reconcile took this launch's intent over: stop trying other offers and report where the job is."""
@@ -473,12 +480,9 @@ class Router:
                               tries: Sequence[LaunchTry]) -> PlacementResult:
         """The launch completed after a reconcile gave its intent up (and requeued the job): what it got
         belongs to nobody. Record that first (so no one adopts it meanwhile), then give it back."""
-        try:
-            await self._db(self.store.update_allocation, alloc.id, expected={AllocationState.failed},
-                           state=AllocationState.released, resource_ids=got.resource_ids,
-                           reason="launch completed after its intent was given up")
-        except ConflictError:  # adopted after all, between our two reads: it is the reconcile's now
-            return await self._decided_elsewhere(job, alloc, tries)
+        if not await self.lifecycle.ledger.orphaned(alloc.id, got.resource_ids,
+                                                    "launch completed after its intent was given up"):
+            return await self._decided_elsewhere(job, alloc, tries)  # adopted after all: the reconcile's now
         log.warning("job %s: launch on %s outlived its intent; releasing %s", job.id, provider.name,
                     got.resource_ids)
         try:

@@ -18,6 +18,8 @@ capability             methods                                          who has 
 :class:`Snapshot`      as_of (offers carry ``source=snapshot``)         catalog
 :class:`HasJobLogs`    job_log (+ Launches)                             aws, vast, slurm
 :class:`AssemblesNodes`  launch of ``members`` (+ Launches)               vast
+:class:`KeepsBillingRecord`  billed_span (+ Launches)                     slurm
+:class:`SignalsJobs`   signal (+ Launches)                              slurm
 =====================  ===============================================  ====================
 
 A new ability (job logs, teardown, a Kubernetes pool's namespaces…) is one more mix-in
@@ -37,13 +39,16 @@ from providers.base import LaunchRequest, Provider
 
 __all__ = [
     "AssemblesNodes",
+    "BilledSpan",
     "DrainsNodes",
     "HasJobLogs",
     "HasSpotPriceHistory",
+    "KeepsBillingRecord",
     "Launches",
     "ListsNodes",
     "NodeUsage",
     "RunsBurnIn",
+    "SignalsJobs",
     "Snapshot",
 ]
 
@@ -210,3 +215,30 @@ class AssemblesNodes(Launches):
     @abc.abstractmethod
     async def launch_members(self, req: LaunchRequest) -> Allocation:
         """Rent ``req.members`` (all or none) for one attempt; what ``launch`` does when ``members`` is set."""
+
+
+@dataclass(frozen=True)
+class BilledSpan:
+    """The market's own record of an allocation's billed time. ``start`` None: it never started (queued, then
+    cancelled: nothing billed); ``end`` None: still billing."""
+
+    start: datetime | None
+    end: datetime | None
+
+
+class KeepsBillingRecord(Launches):
+    """Keeps its own record of when it billed an allocation (Slurm's start and end times of the job): the
+    allocation ledger books that span rather than the broker's own view of it (broker/ledger.py)."""
+
+    @abc.abstractmethod
+    async def billed_span(self, alloc: Allocation) -> BilledSpan | None:
+        """The market's record of the allocation's billed time; None when the market no longer knows it."""
+
+
+class SignalsJobs(Launches):
+    """Can send a signal to a running job's processes without ending the job (Slurm's ``scancel --signal``):
+    a job stopped for its budget gets SIGTERM and a checkpoint window before its machines are released."""
+
+    @abc.abstractmethod
+    async def signal(self, alloc: Allocation, name: str = "TERM") -> None:
+        """Send signal ``name`` (TERM, INT, USR1…) to every process of the allocation's job."""

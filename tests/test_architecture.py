@@ -259,3 +259,27 @@ def test_no_module_imports_another_packages_private_names() -> None:
                         if target is not None and not mine.startswith(_package(target)):
                             found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {a.name}")
     assert not found, "\n".join(found)
+
+
+# The store's methods that write allocation rows (issue 24: money has one home, broker/ledger.py).
+ALLOCATION_WRITES = frozenset({"add_allocation", "update_allocation", "end_allocation", "open_attempt",
+                               "record_launch"})
+
+
+def _allocation_writes(path: Path) -> list[str]:
+    """Calls or references of the store's allocation writers (``store.update_allocation(...)``, or one handed to
+    ``asyncio.to_thread``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}" for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr in ALLOCATION_WRITES]
+
+
+def test_allocation_rows_are_written_only_by_the_ledger() -> None:
+    found: list[str] = []
+    for module, path in MODULES.items():
+        if module == "broker.ledger" or module.startswith("broker.store"):
+            continue
+        found += _allocation_writes(path)
+    assert not found, "allocation rows are written only by broker/ledger.py:\n" + "\n".join(found)
+    # and the check would see one: the ledger itself writes through these names
+    assert _allocation_writes(MODULES["broker.ledger"])

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +28,7 @@ from broker.models import (
     JobSpec,
     JobState,
     QuoteOption,
+    accrues,
     as_utc,
     billing_start,
     utcnow,
@@ -62,6 +64,14 @@ UPDATE_JOB = JOBS.update().where(JOBS.c.id == sa.bindparam("job_key"))
 UPDATE_ALLOC = ALLOCS.update().where(ALLOCS.c.id == sa.bindparam("alloc_key"))
 UPDATE_ALLOC_IF = UPDATE_ALLOC.where(ALLOCS.c.state.in_(sa.bindparam("alloc_states", expanding=True)))
 
+# The batch claim (claim_many): pending → placing for the jobs still pending, their rows returned by the UPDATE.
+CLAIM_JOBS = (JOBS.update()
+              .where(JOBS.c.id.in_(sa.bindparam("job_ids", expanding=True)), JOBS.c.state == JobState.pending.value)
+              .values(state=JobState.placing.value, claimed_by=sa.bindparam("worker"),
+                      claimed_at=sa.bindparam("claimed_at"), reason=sa.bindparam("why"),
+                      updated_at=sa.bindparam("now"))
+              .returning(*JOBS.c))
+
 # Job fields that transition()/update_job() may set besides the state.
 JOB_FIELDS: frozenset[str] = frozenset(
     {
@@ -95,6 +105,18 @@ LIVE_STATES: tuple[AllocationState, ...] = tuple(AllocationState(s) for s in LIV
 # Allocations that cost money while they last (for spend accrual).
 BILLING_STATES: tuple[str, ...] = (AllocationState.pending.value, AllocationState.running.value)
 ID_CHUNK = 500  # ids per IN (...) list: under SQLite's and PostgreSQL's bind parameter limits
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """What :meth:`JobStore.record_launch` wrote, or found another writer had decided: the allocation's state
+    now, whether this launch's record won over its intent, and the job as moved (None when it was not: see
+    ``job_state``)."""
+
+    alloc_state: AllocationState
+    recorded: bool
+    job: Job | None
+    job_state: JobState
 
 
 def _job(row: Row[Any] | dict[str, Any], events: list[JobEvent] | None = None) -> Job:
@@ -378,9 +400,11 @@ class JobStore(Database):
         reason: str = "",
         data: dict[str, Any] | None = None,
         expected: set[JobState] | None = None,
+        *,
+        events: bool = True,
         **fields: Any,
     ) -> Job:
-        """Move a job to ``to_state`` and record the event, atomically.
+        """Move a job to ``to_state`` and record the event, atomically (``events``: see :meth:`_move_in`).
 
         ConflictError when the move is not in ALLOWED_TRANSITIONS or the job's
         current state is not in ``expected``. Extra ``fields`` (placement,
@@ -390,25 +414,54 @@ class JobStore(Database):
         claimed_by=worker)`` locks the job's row (PostgreSQL ``FOR UPDATE``), so of two
         replicas claiming the same job one wins and the other gets a ConflictError.
         """
-        to_state = JobState(to_state)
         values = self._job_values(fields)
         with self._tx() as conn:
-            row = self._job_row(conn, job_id, lock=True)
-            current = JobState(row.state)
-            if expected is not None and current not in expected:
-                raise ConflictError(
-                    f"job {job_id} is {current.value}, expected {'/'.join(sorted(s.value for s in expected))}"
-                )
-            if to_state not in ALLOWED_TRANSITIONS[current]:
-                raise ConflictError(f"job {job_id}: {current.value} → {to_state.value} is not allowed")
-            now = utcnow()
-            values.update(state=to_state.value, reason=reason, updated_at=now)
-            events = self._events_in(conn, job_id)
-            conn.execute(UPDATE_JOB, {"job_key": job_id, **values})
-            event = self._insert_event(conn, job_id, current, to_state, reason, data, now)
-            # The job as now stored: the row read under the lock with these values on top (not read again).
-            after = {**row._mapping, **{k: as_utc(v) if isinstance(v, datetime) else v for k, v in values.items()}}
-            return _job(after, [*events, event])
+            return self._move_in(conn, job_id, JobState(to_state), reason, data, expected, values, events=events)
+
+    def _move_in(self, conn: Connection, job_id: str, to_state: JobState, reason: str, data: dict[str, Any] | None,
+                 expected: set[JobState] | None, values: dict[str, Any], *, events: bool = True) -> Job:
+        """:meth:`transition` inside the caller's transaction (``values``: checked job fields). With
+        ``events`` False the job comes back with only the event this move wrote, not its history (one read
+        fewer: the writers of a placement do not need it)."""
+        row = self._job_row(conn, job_id, lock=True)
+        current = JobState(row.state)
+        if expected is not None and current not in expected:
+            raise ConflictError(
+                f"job {job_id} is {current.value}, expected {'/'.join(sorted(s.value for s in expected))}"
+            )
+        if to_state not in ALLOWED_TRANSITIONS[current]:
+            raise ConflictError(f"job {job_id}: {current.value} → {to_state.value} is not allowed")
+        now = utcnow()
+        values = {**values, "state": to_state.value, "reason": reason, "updated_at": now}
+        history = self._events_in(conn, job_id) if events else []
+        conn.execute(UPDATE_JOB, {"job_key": job_id, **values})
+        event = self._insert_event(conn, job_id, current, to_state, reason, data, now)
+        # The job as now stored: the row read under the lock with these values on top (not read again).
+        after = {**row._mapping, **{k: as_utc(v) if isinstance(v, datetime) else v for k, v in values.items()}}
+        return _job(after, [*history, event])
+
+    def claim_many(self, job_ids: Sequence[str], worker: str, at: datetime) -> list[Job]:
+        """Claim every job of ``job_ids`` still pending for ``worker`` (pending → placing, with its event), in one
+        transaction: one conditional UPDATE (on PostgreSQL it takes each row's lock, so of two replicas claiming
+        the same job one wins), its rows returned by the UPDATE itself (no read-back), one INSERT of the events.
+        Returns the jobs it claimed (without their history), in the order asked."""
+        if not job_ids:
+            return []
+        now = utcnow()
+        reason = f"claimed by {worker}"
+        with self._tx() as conn:
+            rows = conn.execute(CLAIM_JOBS, {"job_ids": list(job_ids), "worker": worker, "claimed_at": at,
+                                             "why": reason, "now": now}).all()
+            if rows:
+                conn.execute(INSERT_EVENT, [{"job_id": r.id, "at": now, "from_state": JobState.pending.value,
+                                             "to_state": JobState.placing.value, "reason": reason,
+                                             "data": {"worker": worker}} for r in rows])
+        order = {job_id: i for i, job_id in enumerate(job_ids)}
+        jobs = _jobs_sharing_specs(sorted(rows, key=lambda r: order.get(r.id, 0)))
+        for job in jobs:
+            job.events = [JobEvent(job_id=job.id, at=as_utc(now), from_state=JobState.pending,
+                                   to_state=JobState.placing, reason=reason, data={"worker": worker})]
+        return jobs
 
     def update_job(self, job_id: str, **fields: Any) -> Job:
         """Set job fields without a state change (no event)."""
@@ -492,6 +545,55 @@ class JobStore(Database):
             raise ConflictError(
                 f"allocation {alloc.id}: the id exists or job {alloc.job_id} already holds a live allocation"
             ) from exc
+
+    def open_attempt(self, job_id: str, build: Callable[[int], Allocation]) -> Allocation:
+        """Count one more launch attempt of the job and write its intent (``build(attempt)``), in one
+        transaction: a crash leaves both or neither, so an attempt's token never reaches a provider
+        unrecorded, and is never reused. Returns the intent as written (not read back).
+
+        ConflictError when the job already holds a live allocation (nothing is written then)."""
+        try:
+            with self._tx() as conn:
+                row = self._job_row(conn, job_id, lock=True)
+                attempt = int(row.attempts) + 1
+                alloc = build(attempt)
+                conn.execute(UPDATE_JOB, {"job_key": job_id, "attempts": attempt, "updated_at": utcnow()})
+                values = alloc.model_dump(mode="python")
+                values["state"] = AllocationState(values["state"]).value
+                conn.execute(INSERT_ALLOC, values)
+        except sa.exc.IntegrityError as exc:
+            raise ConflictError(f"job {job_id} already holds a live allocation") from exc
+        return alloc.model_copy(update={"created_at": as_utc(alloc.created_at), "updated_at": as_utc(alloc.updated_at)})
+
+    def record_launch(self, alloc_id: str, fields: dict[str, Any], job_id: str, reason: str,
+                      data: dict[str, Any], **job_fields: Any) -> LaunchRecord:
+        """A launch that went through: its intent becomes the launched allocation (``fields``, a compare-and-set
+        on ``intent``) and its job moves placing → provisioning (``reason``, ``data``, ``job_fields``), in one
+        transaction. What another writer decided meanwhile stands and is reported instead: a reconcile that
+        gave the intent up (then the job is not moved), one that adopted it, a cancel or requeue of the job."""
+        values = {**fields, "updated_at": utcnow()}
+        if "state" in values:
+            values["state"] = AllocationState(values["state"]).value
+        if "resource_ids" in values:
+            values["resource_ids"] = [str(r) for r in values["resource_ids"] or []]
+        job_values = self._job_values(job_fields)
+        try:
+            with self._tx() as conn:
+                won = bool(conn.execute(UPDATE_ALLOC_IF, {"alloc_key": alloc_id, "alloc_states": ["intent"],
+                                                          **values}).rowcount)
+                row = self._alloc_row(conn, alloc_id)
+                state = AllocationState(row.state)
+                if not won and state is AllocationState.failed and not row.resource_ids:
+                    # given up by a reconcile (its job requeued): the launch belongs to nobody
+                    return LaunchRecord(state, False, None, JobState(self._job_row(conn, job_id).state))
+                try:
+                    job = self._move_in(conn, job_id, JobState.provisioning, reason, data, {JobState.placing},
+                                        job_values, events=False)
+                except ConflictError:
+                    return LaunchRecord(state, won, None, JobState(self._job_row(conn, job_id).state))
+                return LaunchRecord(state, won, job, job.state)
+        except sa.exc.IntegrityError as exc:
+            raise ConflictError(f"allocation {alloc_id}: its job already holds another live allocation") from exc
 
     def _alloc_row(self, conn: Connection, alloc_id: str) -> Row[Any]:
         row = conn.execute(SELECT_ALLOC, {"alloc_key": alloc_id}).first()
@@ -642,7 +744,8 @@ class JobStore(Database):
 
         What its allocations that ended since then cost (booked at their end; the part of one that began
         before ``since`` in proportion to its time), plus what its live ones (pending, running) have accrued
-        from max(their start, ``since``) to ``now`` at their price: the same figure ``lockstep tenants list``,
+        from max(their start, ``since``) to ``now`` at their price — a live one still queued in its market (never
+        seen running) accrues nothing: the same figure ``lockstep tenants list``,
         ``GET /v1/tenants`` and the router's budget check use.
         """
         now = as_utc(now or utcnow())
@@ -654,7 +757,7 @@ class JobStore(Database):
                 .where(JOBS.c.tenant == tenant, ALLOCS.c.ended_at >= since, ALLOCS.c.cost_usd > 0)
             ).all()
             live = conn.execute(
-                sa.select(ALLOCS.c.usd_per_hour, ALLOCS.c.created_at, ALLOCS.c.attrs)
+                sa.select(ALLOCS.c.usd_per_hour, ALLOCS.c.created_at, ALLOCS.c.attrs, ALLOCS.c.state)
                 .join(JOBS, JOBS.c.id == ALLOCS.c.job_id)
                 .where(JOBS.c.tenant == tenant, ALLOCS.c.state.in_(BILLING_STATES))
             ).all()
@@ -665,7 +768,9 @@ class JobStore(Database):
                 total += cost
             else:  # began before the window: the window's share of it
                 total += cost * (end - since).total_seconds() / (end - start).total_seconds()
-        for usd_per_hour, created_at, attrs in live:
+        for usd_per_hour, created_at, attrs, state in live:
+            if not accrues(state, attrs):
+                continue  # waiting in its market's queue: nothing billed yet
             start = max(billing_start(created_at, attrs), since)
             total += usd_per_hour * max((now - start).total_seconds(), 0.0) / 3600.0
         return total
@@ -678,14 +783,39 @@ class JobStore(Database):
         now = as_utc(now or utcnow())
         with self._tx(write=False) as conn:
             rows = conn.execute(
-                sa.select(ALLOCS.c.job_id, ALLOCS.c.usd_per_hour, ALLOCS.c.created_at, ALLOCS.c.attrs)
+                sa.select(ALLOCS.c.job_id, ALLOCS.c.usd_per_hour, ALLOCS.c.created_at, ALLOCS.c.attrs, ALLOCS.c.state)
                 .where(ALLOCS.c.job_id.in_(ids), ALLOCS.c.state.in_(BILLING_STATES))
             ).all()
         out: dict[str, float] = {}
-        for job_id, usd_per_hour, created_at, attrs in rows:
+        for job_id, usd_per_hour, created_at, attrs, state in rows:
+            if not accrues(state, attrs):
+                continue  # queued in its market: billing has not begun
             hours = max((now - billing_start(created_at, attrs)).total_seconds(), 0.0) / 3600.0
             out[job_id] = out.get(job_id, 0.0) + usd_per_hour * hours
         return out
+
+    def live_costs(self, now: datetime | None = None, tenant: str | None = None) -> list[tuple[Job, float]]:
+        """Each job that holds or is getting an allocation (provisioning or running), with what it has cost so
+        far (booked plus accruing): what a budget check weighs."""
+        jobs = [j for j in self.jobs_in_states([JobState.provisioning, JobState.running])
+                if tenant is None or j.tenant == tenant]
+        accrued = self.accruing([j.id for j in jobs], now)
+        return [(j, j.spent_usd + accrued.get(j.id, 0.0)) for j in jobs]
+
+    def tenant_committed(self, tenant: str, now: datetime | None = None) -> float:
+        """What the tenant's running jobs are expected to cost yet: each one's expected cost at placement less
+        what it has cost so far (policies/budget.py)."""
+        from policies.budget import remaining
+
+        return sum(remaining(j.placement.expected_cost_usd if j.placement else None, cost)
+                   for j, cost in self.live_costs(now, tenant))
+
+    def note_event(self, job_id: str, reason: str, data: dict[str, Any] | None = None) -> JobEvent:
+        """An event on a job that changes nothing (a budget alert, a stop requested): from and to its current
+        state."""
+        with self._tx() as conn:
+            state = JobState(self._job_row(conn, job_id).state)
+            return self._insert_event(conn, job_id, state, state, reason, data, utcnow())
 
     def gpus_held(self, tenant: str) -> int:
         """GPUs of the tenant's jobs that hold resources now (provisioning or running)."""

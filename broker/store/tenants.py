@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from broker.errors import ConflictError, NotFoundError, StoreError
-from broker.models import Role, Tenant, TokenInfo, utcnow
+from broker.models import BudgetAction, Role, Tenant, TokenInfo, utcnow
 from broker.store.engine import Database
 from broker.tables import TenantRow, TokenRow, table_of
 
@@ -18,7 +18,7 @@ TENANTS = table_of(TenantRow)
 TOKENS = table_of(TokenRow)
 SELECT_TENANT = sa.select(TENANTS).where(TENANTS.c.name == sa.bindparam("tenant_key"))
 
-TENANT_FIELDS: frozenset[str] = frozenset({"monthly_budget_usd", "max_gpus"})
+TENANT_FIELDS: frozenset[str] = frozenset({"monthly_budget_usd", "max_gpus", "on_budget_exhausted"})
 TOKEN_PREFIX = "lst_"
 # What a TokenInfo is made of: never the hash.
 _TOKEN_COLS = tuple(TOKENS.c[name] for name in TokenInfo.model_fields)
@@ -57,11 +57,29 @@ class TenantStore(Database):
         unknown = set(fields) - TENANT_FIELDS
         if unknown:
             raise StoreError(f"not tenant fields: {', '.join(sorted(unknown))}")
+        if fields.get("on_budget_exhausted", "") is None:  # not a cap: there is nothing to clear
+            del fields["on_budget_exhausted"]
+        elif "on_budget_exhausted" in fields:
+            fields["on_budget_exhausted"] = BudgetAction(fields["on_budget_exhausted"]).value
         with self._tx() as conn:
             n = conn.execute(TENANTS.update().where(TENANTS.c.name == name).values(**fields)).rowcount if fields else 1
         if not n:
             raise NotFoundError(f"tenant {name} not found")
         return self.get_tenant(name)
+
+    def budget_alert(self, name: str) -> str:
+        """The budget alert last sent for the tenant ("YYYY-MM:percent", '' when none)."""
+        with self._tx(write=False) as conn:
+            value = conn.execute(sa.select(TENANTS.c.budget_alert).where(TENANTS.c.name == name)).scalar()
+        return str(value or "")
+
+    def set_budget_alert(self, name: str, alert: str, *, expected: str) -> bool:
+        """Record the alert sent, only over the one read (``expected``): of two replicas crossing the same
+        level, one sends it. True when this call recorded it."""
+        with self._tx() as conn:
+            n = conn.execute(TENANTS.update().where(TENANTS.c.name == name, TENANTS.c.budget_alert == expected)
+                             .values(budget_alert=alert)).rowcount
+        return bool(n)
 
     # ------------------------------------------------------------------ tokens
 

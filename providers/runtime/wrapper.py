@@ -900,6 +900,32 @@ class Runner:
         return self.returncode
 
 
+def watch_fence(manifest: dict, runner: Runner, log: Log, every_s: float = 2.0) -> None:
+    """Fencing (issue 24; docs/runtime.md): where the job's status location holds a fence (``logs.fence``, a
+    file naming the attempt the broker runs now), an attempt it names a later one than this has been superseded
+    (requeued and placed again while this one ran on, e.g. on a node Slurm lost): its command is stopped as for
+    a signal to the job, and the wrapper exits. Self-contained: one thread, reading one small file."""
+    path = (manifest.get("logs") or {}).get("fence")
+    mine = int((manifest.get("env") or {}).get("LOCKSTEP_ATTEMPT") or 0)
+    if not path or not mine:
+        return
+
+    def watch() -> None:
+        while runner.returncode is None:  # set by Runner.wait's reaper (a poll() here could steal its status)
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    current = int(fh.read().strip() or 0)
+            except (OSError, ValueError):
+                current = 0
+            if current > mine:
+                log.line("lockstep", f"superseded by attempt {current}: stopping attempt {mine}")
+                runner.request_stop("signal")
+                return
+            time.sleep(every_s)
+
+    threading.Thread(target=watch, name="lockstep-fence", daemon=True).start()
+
+
 def exit_code_of(returncode: int) -> int:
     """A shell-style exit code: 128 + N for a command killed by signal N."""
     return 128 - returncode if returncode < 0 else returncode
@@ -1119,6 +1145,7 @@ def main(argv: Optional[List[str]] = None, environ: Optional[dict] = None) -> in
         heartbeat.tick("running")
         runner = Runner(cmd, env, workdir, log, float(manifest.get("grace_s", 30)), heartbeat)
         job.runner = runner
+        watch_fence(manifest, runner, log)
         if job.stopped():  # the signal came while the command was starting
             runner.request_stop("signal")
         max_duration = manifest.get("max_duration_s")

@@ -200,6 +200,13 @@ class SlurmClient:
         await self.call("DELETE", await self.path("job", job_id=job_id),
                         ok_errnos=frozenset({api.ESLURM_INVALID_JOB_ID}))
 
+    async def signal(self, job_id: str, name: str) -> None:
+        """Send SIG``name`` to a job's processes; the job goes on (DELETE job/{id}?signal=…)."""
+        if not re.fullmatch(r"[A-Z0-9]{1,8}", name):
+            raise BadRequestError(PROVIDER, f"bad signal name {name!r}")
+        await self.call("DELETE", await self.path("job", job_id=job_id) + f"?signal=SIG{name}",
+                        ok_errnos=frozenset({api.ESLURM_INVALID_JOB_ID}))
+
     async def set_node_state(self, node: str, state: str, reason: str) -> None:
         """DRAIN or RESUME a node: POST node/{name} where the version has it, else scontrol on this host."""
         if not re.fullmatch(r"[A-Za-z0-9._\-\[\],]+", node):

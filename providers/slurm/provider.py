@@ -18,14 +18,23 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 
 import providers.slurm.api as api
 from broker.config import SlurmConfig
 from broker.errors import BadRequestError, CapacityError, TransientError
 from broker.models import Allocation, AllocationState, AllocationStatus, ExitReason, JobExit, Market, Offer
 from providers.base import JOB_TAG, OWNER_TAG, TENANT_TAG, LaunchRequest, OfferQuery
-from providers.capabilities import DrainsNodes, HasHeartbeat, HasJobLogs, NodeUsage, RunsBurnIn
+from providers.capabilities import (
+    BilledSpan,
+    DrainsNodes,
+    HasHeartbeat,
+    HasJobLogs,
+    KeepsBillingRecord,
+    NodeUsage,
+    RunsBurnIn,
+    SignalsJobs,
+)
 from providers.runtime.logs import job_exit
 from providers.slurm.client import SlurmClient
 from providers.slurm.offers import OfferBuilder, node_usage
@@ -63,7 +72,7 @@ _FAILED_STATES = frozenset(
 _REQUEUED_FLAGS = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
 
 
-class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat):
+class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, KeepsBillingRecord, SignalsJobs):
     """Slurm via slurmrestd. Thin: translate, call, normalise, map errors."""
 
     name = PROVIDER
@@ -251,14 +260,25 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat):
                 # every node has ended, the job ends by itself within moments: no cancel.)
                 if end is not None and end.reason is not ExitReason.signal and len(statuses) < nodes:
                     return self._ended(end, hosts)
-                return AllocationStatus(state=state, reason=f"{job.state} {reason}".strip(), hosts=hosts)
+                return AllocationStatus(state=state, reason=f"{job.state} {reason}".strip(), hosts=hosts,
+                                        started_at=_span(job).start)
             if end is None:
                 end = exit_without_status(slurm_exit_code(job.exit_code), job.state, await self.files.log(where, 0),
                                           await self.files.batch_output(where))
             return self._ended(end, hosts)
         if job.exit_code and job.state in _FAILED_STATES:
             reason = f"{reason} exit={slurm_exit_code(job.exit_code)}".strip()
-        return AllocationStatus(state=state, reason=f"{job.state} {reason}".strip(), hosts=hosts)
+        return AllocationStatus(state=state, reason=f"{job.state} {reason}".strip(), hosts=hosts,
+                                started_at=_span(job).start if state is AllocationState.running else None)
+
+    async def signal(self, alloc: Allocation, name: str = "TERM") -> None:
+        await self.client.signal(self._job_id(alloc), name)
+
+    async def billed_span(self, alloc: Allocation) -> BilledSpan | None:
+        """Slurm's own record of the job: from its real start to its end. A PENDING job's start_time is only
+        Slurm's estimate, and one cancelled while pending ends at its "start": nothing billed either way."""
+        job = await self.client.job(self._job_id(alloc)) if alloc.resource_ids else None
+        return None if job is None else _span(job)
 
     @staticmethod
     def _ended(end: JobExit, hosts: list[str]) -> AllocationStatus:
@@ -345,3 +365,14 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat):
         )))
         return Allocation(id=f"{self.name}:burnin:{job_id}", job_id=f"burnin-{node}", provider=self.name,
                           state=AllocationState.pending, resource_ids=[job_id])
+
+
+def _span(job: api.JobInfo) -> BilledSpan:
+    """The billed span of a Slurm job as Slurm records it (see ``SlurmProvider.billed_span``)."""
+    if job.state in _PENDING_STATES or not job.start_time:
+        return BilledSpan(None, None)
+    start = datetime.fromtimestamp(job.start_time, UTC)
+    end = datetime.fromtimestamp(job.end_time, UTC) if job.finished and job.end_time else None
+    if end is not None and end <= start:
+        return BilledSpan(None, end)  # cancelled before it ran
+    return BilledSpan(start, end)

@@ -74,6 +74,11 @@ class AttemptDir:
         return self.path / "manifest.json"
 
     @property
+    def fence(self) -> Path:
+        """The job's fence: the attempt the broker runs now (an earlier attempt's wrapper stops on reading it)."""
+        return self.job_path / "fence"
+
+    @property
     def checkpoints(self) -> Path:
         return self.job_path / "checkpoints"
 
@@ -106,7 +111,8 @@ def slurm_manifest(run: RunRequest, where: AttemptDir, container_runtime: str) -
     return build_manifest(
         run,
         rendezvous={"mode": "env"},
-        logs={"file": str(where.path / "log-{rank}.txt"), "status_dir": str(where.path), "stdout": False},
+        logs={"file": str(where.path / "log-{rank}.txt"), "status_dir": str(where.path), "stdout": False,
+              "fence": str(where.fence)},
         container=container,
         checkpoint_uri="" if run.checkpoint_uri else f"file://{where.checkpoints}/",
         checkpoint_dir="" if run.checkpoint_uri else f"{where.checkpoints}/",
@@ -222,6 +228,10 @@ class JobFiles:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(manifest, fh, sort_keys=True)
         os.replace(tmp, where.manifest)
+        # The fence last, once this attempt is staged: every earlier attempt still running stops (wrapper).
+        tmp = where.fence.with_suffix(".tmp")
+        tmp.write_text(f"{manifest['env']['LOCKSTEP_ATTEMPT']}\n", encoding="utf-8")
+        os.replace(tmp, where.fence)
 
     async def stage(self, run: RunRequest) -> AttemptDir:
         where = self.where(run.job_id, run.attempt)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, defaultdict
+from datetime import UTC, datetime
 from typing import Any
 
 from broker.config import VastConfig
@@ -328,8 +329,11 @@ class VastProvider(HasJobLogs, AssemblesNodes):
         state, reason = map_instance_state(inst, bid=bid)
         host = str(inst.get("public_ipaddr") or inst.get("ssh_host") or "")
         hosts = [host] if host else []
+        # Billing follows Vast's own record: the instance's start, once it runs (or has run).
+        started = _started(inst) if state is not AllocationState.pending else None
         if str(inst.get("actual_status") or "").lower() != "exited":
-            return AllocationStatus(state=state, reason=reason, hosts=hosts)
+            return AllocationStatus(state=state, reason=reason, hosts=hosts, started_at=started,
+                                    usd_per_hour=_price(inst))
         # The container has exited: how its command ended is the last line of its log.
         log = await self.client.instance_log(iid, tail=self.config.log_tail_lines)
         self._keep_final_log(iid, log)
@@ -337,7 +341,8 @@ class VastProvider(HasJobLogs, AssemblesNodes):
         if state is AllocationState.preempted and end.reason in (ExitReason.signal, ExitReason.error):
             return AllocationStatus(state=state, reason=reason, hosts=hosts)  # outbid: the TERM was Vast's
         return AllocationStatus(state=AllocationState.succeeded if end.succeeded else AllocationState.failed,
-                                reason=end.describe(), hosts=hosts, exit=end)
+                                reason=end.describe(), hosts=hosts, exit=end, started_at=started,
+                                usd_per_hour=_price(inst))
 
     async def _node_end(self, iid: str, inst: dict[str, Any], nonce: str) -> JobExit:
         """How an exited machine's command ended (its log read once, then kept)."""
@@ -433,3 +438,21 @@ class VastProvider(HasJobLogs, AssemblesNodes):
             # A launch a crash cut short holds fewer machines than its labels say: poll answers it as lost.
             out.append(alloc.model_copy(update={"nodes": counts[key]}) if counts[key] > alloc.nodes else alloc)
         return out
+
+
+def _started(inst: dict[str, Any]) -> datetime | None:
+    """When Vast started the instance (its ``start_date``, epoch seconds), where it says."""
+    value = inst.get("start_date")
+    try:
+        return datetime.fromtimestamp(float(value), UTC) if value else None
+    except (TypeError, ValueError, OverflowError, OSError):
+        return None
+
+
+def _price(inst: dict[str, Any]) -> float | None:
+    """What Vast charges for the instance per hour (``dph_total``: the rental and its disk), where it says."""
+    try:
+        value = float(inst.get("dph_total") or 0)
+    except (TypeError, ValueError):
+        return None
+    return value if value > 0 else None

@@ -13,7 +13,8 @@ from datetime import datetime, timedelta
 import pytest
 
 from broker.config import SecretsConfig
-from broker.lifecycle import RELEASING, JobLifecycle
+from broker.ledger import RELEASING
+from broker.lifecycle import JobLifecycle
 from broker.models import (
     HOURLY,
     PER_SECOND,

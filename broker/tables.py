@@ -308,7 +308,7 @@ class TenantRow(SQLModel, table=True):
     max_gpus: int | None = Field(default=None, sa_column=sa.Column(sa.Integer(), nullable=True))
     created_at: datetime = _ts()
     # What happens to running jobs once the budget is spent (BudgetAction), and the budget alert last sent
-    # ("YYYY-MM:percent", so each level is sent once a month): migration 0006_hledger.
+    # ("YYYY-MM:percent", so each level is sent once a month): migration 0007.
     on_budget_exhausted: str = Field(default="signal_then_stop", sa_column=sa.Column(
         sa.String(32), nullable=False, server_default="signal_then_stop"))
     budget_alert: str = Field(default="", sa_column=sa.Column(sa.String(32), nullable=False, server_default=""))

@@ -1,6 +1,6 @@
 """Webhooks and their outbox (issue 26).
 
-Revision ID: 0006_h26
+Revision ID: 0006
 Revises: 0005
 Create Date: 2026-12-02
 
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0006_h26"
+revision: str = "0006"
 down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

@@ -1,7 +1,7 @@
 """What a tenant's running jobs do once its monthly budget is spent, and the budget alert last sent.
 
-Revision ID: 0006_hledger
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-12-02
 
 Why (issue 24): a budget held only at placement; a running job could pass it by any amount and nothing
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0006_hledger"
-down_revision: str | None = "0005"
+revision: str = "0007"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -110,7 +110,8 @@ class BudgetWatch:
         text = (f"budget: tenant {standing.tenant} at {level}% of its ${standing.budget_usd:,.2f} monthly budget "
                 f"(spent ${standing.spent_usd:,.2f}, committed ${standing.committed_usd:,.2f})")
         log.warning("%s", text)
-        data: dict[str, Any] = {"kind": "budget.alert", "budget_alert": {**asdict(standing), "level": level, "month": month}}
+        data: dict[str, Any] = {"kind": "budget.alert",  # the event stream's kind (docs/api.md, events)
+                                "budget_alert": {**asdict(standing), "level": level, "month": month}}
         for job in jobs:
             await asyncio.to_thread(self.store.note_event, job.id, text, data)
         if self.on_alert is not None:

@@ -487,9 +487,9 @@ class EventsConfig(_Section):
     poll_interval_s: float = Field(default=0.5, gt=0, le=60)  # how often a follower / the outbox reads the store
     webhook_timeout_s: float = Field(default=10.0, gt=0, le=120)
     webhook_max_attempts: int = Field(default=12, ge=1, le=100)  # then the delivery is failed (and listed so)
-    webhook_backoff_initial_s: float = Field(default=2.0, gt=0)
-    webhook_backoff_max_s: float = Field(default=900.0, gt=0)
-    webhook_lease_s: float = Field(default=60.0, gt=0)  # a sender that died mid-attempt: tried again after this
+    webhook_backoff_initial_s: Seconds = 2.0
+    webhook_backoff_max_s: Seconds = 900.0
+    webhook_lease_s: Seconds = 60.0  # a sender that died mid-attempt: tried again after this
     # Webhook URLs must resolve to public addresses (no loopback, private, link-local or metadata ranges):
     # a tenant must not make the broker call into its own network. True only for tests and closed networks.
     webhook_allow_private: bool = False

@@ -44,7 +44,7 @@ def check(
 def _notes(path: str | None) -> None:
     """What the enabled markets say about a configuration that loads (e.g. how EC2 instances report)."""
     from broker.config import load_settings
-    from providers.registry import config_notes
+    from broker.service import config_notes  # what the markets say: the service speaks for them
 
     for note in config_notes(load_settings(path)):
         typer.echo(note)

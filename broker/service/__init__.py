@@ -40,7 +40,7 @@ from broker.service.offers import OffersService
 from broker.service.operations import OperationsService
 from broker.service.planning import PlanningService
 from broker.service.prices import PricesService
-from broker.service.runtime import Runtime, new_job_id
+from broker.service.runtime import Runtime, config_notes, new_job_id
 from broker.service.tenants import TenantsService
 
 
@@ -49,4 +49,4 @@ class Lockstep(OffersService, JobsService, LogsService, NodesService, PricesServ
     """Every operation of the service over one store and one market; see the module doc for the map."""
 
 
-__all__ = ["Lockstep", "Runtime", "new_job_id"]
+__all__ = ["Lockstep", "Runtime", "config_notes", "new_job_id"]

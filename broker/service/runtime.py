@@ -21,6 +21,7 @@ from broker.config import Settings
 from broker.models import Allocation, Benchmark, Job, utcnow
 from providers.base import Provider
 from providers.registry import build_providers
+from providers.registry import config_notes as config_notes  # re-exported: `config check` asks the service
 
 if TYPE_CHECKING:
     from broker.loops import BrokerLoops

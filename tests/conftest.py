@@ -18,6 +18,7 @@ pytest_plugins = [
     "tests.plugins.slurm",
     "tests.plugins.moto",
     "tests.plugins.vast",
+    "tests.plugins.localbroker",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

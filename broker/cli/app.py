@@ -22,7 +22,12 @@ from broker import logconfig
 from broker.logconfig import LogFormat
 
 if TYPE_CHECKING:
+    from broker.cli.localbroker import BrokerInfo
     from broker.config import Settings
+
+# Commands that go through the background broker: when one is up for exactly this configuration, they need
+# not load the settings at all (it was started with them, so they were checked then).
+BROKER_COMMANDS = frozenset({"submit", "jobs", "status", "cancel", "logs", "quote", "offers", "gpus"})
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,7 @@ class Context:
     server: str | None = None
     token: str | None = None
     _settings: Settings | None = field(default=None, repr=False)
+    _broker: BrokerInfo | None = field(default=None, repr=False)
 
     @property
     def settings(self) -> Settings:
@@ -112,6 +118,26 @@ class Context:
             over = {"db_url": self.db} if self.db else {}
             self._settings = load_settings(self.config_file, **over)
         return self._settings
+
+    def quick_broker(self) -> BrokerInfo | None:
+        """The background broker a command already found for this very configuration, if it is up."""
+        if self._broker is None and not self.server:
+            from broker.cli import localbroker
+
+            self._broker = localbroker.quick(self.config_file, self.db)
+        return self._broker
+
+    def local_broker(self, *, start: bool) -> BrokerInfo | None:
+        """This store's background broker: the one up with these settings, or (``start``) a new one."""
+        if self.quick_broker() is None:
+            from broker.cli import localbroker
+
+            if start:
+                self._broker = localbroker.ensure(self.settings, self.config_file, self.db,
+                                                  timeout_s=self.settings.local.start_timeout_s)
+            else:
+                self._broker = localbroker.find(self.settings, self.config_file, self.db)
+        return self._broker
 
 
 def version() -> str:
@@ -154,8 +180,11 @@ def _root(
 ) -> None:
     logconfig.configure(log_format)
     ctx.obj = Context(config_file=config, db=db_url_from(db) if db else None, server=server, token=token)
-    if ctx.invoked_subcommand != "config":  # a mistake in the configuration stops every command, at once
-        _ = ctx.obj.settings
+    if ctx.invoked_subcommand == "config":
+        return
+    if ctx.invoked_subcommand in BROKER_COMMANDS and ctx.obj.quick_broker() is not None:
+        return  # the broker up for this configuration was started with it: it was checked then
+    _ = ctx.obj.settings  # a mistake in the configuration stops every command, at once
 
 
 def get_ctx(ctx: typer.Context) -> Context:

@@ -8,11 +8,10 @@ import typer
 
 from broker.cli import render
 from broker.cli.app import get_ctx
-from broker.cli.backend import validated, with_backend
+from broker.cli.backend import validated, with_market
 from broker.errors import NoFeasibleOption
 from broker.models import FabricNeed, Market
 from broker.specs import load_spec
-from policies.offers import OfferFilter
 
 
 def quote(
@@ -25,8 +24,9 @@ def quote(
 ) -> None:
     """What the job would cost, where, and why: ranked by expected job cost."""
     spec = load_spec(job)
-    q = with_backend(get_ctx(ctx), lambda b: b.quote(spec.model_dump(mode="json"), top=top, max_rejected=None),
-                     providers=provider)
+    data = spec.model_dump(mode="json")
+    q = with_market(get_ctx(ctx), lambda client: client.quote(data, top=top, max_rejected=None),
+                    lambda book: book.quote(data, top=top, max_rejected=None), providers=provider)
     render.emit(q, json_out, lambda q: render.quote_table(q, explain=explain))
     if not q.options:
         raise NoFeasibleOption(f"no feasible option for {spec.name}: " + render.infeasible_reasons(q),
@@ -46,7 +46,12 @@ def offers(
     json_out: Annotated[bool, typer.Option("--json", help="Print offers as JSON.")] = False,
 ) -> None:
     """The offer book, cheapest per GPU-hour first."""
+    from policies.offers import OfferFilter
+
     f = validated(OfferFilter, gpu=gpu, min_gpus=min_gpus, fabric=fabric, market=market, max_price=max_price,
                   provider=provider, region=region)
-    result = with_backend(get_ctx(ctx), lambda b: b.offers(f, limit), providers=provider)
+    filters = f.model_dump(mode="json", exclude_none=True)
+    # Every market's book (a server's, the broker's): --provider here filters offers, it builds no narrower book.
+    result = with_market(get_ctx(ctx), lambda client: client.offers(limit=limit, **filters),
+                         lambda book: book.offers(f, limit))
     render.emit(result, json_out, render.offers_table)

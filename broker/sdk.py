@@ -42,7 +42,7 @@ from tenacity import (
     Retrying,
     retry_if_exception,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_random_exponential,
 )
 
 from broker.errors import ConflictError, LockstepError, NoFeasibleOption, NotFoundError, SpecError, error_from_api
@@ -300,7 +300,7 @@ def _retryable(exc: BaseException) -> bool:
 
 
 def _wait(initial_s: float) -> Callable[[RetryCallState], float]:
-    backoff = wait_exponential_jitter(initial=initial_s, max=10.0)
+    backoff = wait_random_exponential(multiplier=initial_s, max=10.0)  # full jitter
 
     def wait(state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None

@@ -33,16 +33,16 @@ LOCAL_TENANT = "default"
 IDLE_CHECK_S = 30.0
 
 
-def _dir(ctx: typer.Context) -> Path:
+def _dir(ctx: typer.Context, command: str) -> Path:
     c = get_ctx(ctx)
-    local_only(c, "server")
+    local_only(c, f"server {command}")
     return lb.broker_dir(c.settings.db_url)
 
 
 @app.command("status")
 def status(ctx: typer.Context, json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Is the background broker up for this store: pid, address, since when, its log."""
-    d = _dir(ctx)
+    d = _dir(ctx, "status")
     info = lb.running(d)
     up = info is not None or lb.is_running(d)
     data = {"running": up, "starting": up and info is None, "pid": info.pid if info else None,
@@ -63,10 +63,14 @@ def status(ctx: typer.Context, json_out: Annotated[bool, typer.Option("--json")]
 
 
 @app.command("stop")
-def stop(ctx: typer.Context) -> None:
+def stop(ctx: typer.Context, json_out: Annotated[bool, typer.Option("--json", help='{"stopped": true|false}')]
+         = False) -> None:
     """Stop the background broker (jobs carry on in their markets; the next job command starts it again)."""
-    d = _dir(ctx)
-    typer.echo("stopped the background broker" if lb.stop(d) else "the background broker was not running")
+    stopped = lb.stop(_dir(ctx, "stop"))
+    if json_out:
+        render.print_json({"stopped": stopped})
+    else:
+        typer.echo("stopped the background broker" if stopped else "the background broker was not running")
 
 
 @app.command("logs")
@@ -76,7 +80,7 @@ def logs(
     tail: Annotated[int, typer.Option("--tail", "-n", min=0, help="The last N lines.")] = 50,
 ) -> None:
     """What the background broker logged."""
-    path = _dir(ctx) / "broker.log"
+    path = _dir(ctx, "logs") / "broker.log"
     try:
         f = open(path, encoding="utf-8", errors="replace")
     except FileNotFoundError:

@@ -41,7 +41,7 @@ COMMANDS = (
             group=True),
     Command("prices", "broker.cli.prices:app", "Spot price tracking: history, alerts, replay."),
     Command("server", "broker.cli.server:app",
-            "The background broker that follows local jobs: status, stop, logs (started by the first job command)."),
+            "The background broker that follows local jobs (started by the first command that needs it)."),
     Command("tokens", "broker.cli.admin:tokens_app", "API tokens (bearer), each bound to a tenant and a role."),
     Command("tenants", "broker.cli.admin:tenants_app", "Tenants and their caps (monthly budget, GPUs)."),
     Command("config", "broker.cli.config:config_app",

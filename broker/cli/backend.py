@@ -50,13 +50,15 @@ def run_async(main: Callable[[], Awaitable[T]]) -> T:
 def open_client(ctx: Context, *, start: bool) -> AsyncClient | None:
     """The client of the server, or of this store's background broker (started when ``start``); None when no
     server is given, none is up and ``start`` is false."""
-    from broker.sdk import AsyncClient
-
     if ctx.server:
+        from broker.sdk import AsyncClient
+
         return AsyncClient(ctx.server, ctx.token)
     info = ctx.local_broker(start=start)
     if info is None:
-        return None
+        return None  # (httpx and the SDK not even imported: an in-process quote does without them)
+    from broker.sdk import AsyncClient
+
     # On loopback a refused connection means the broker is gone: say so at once rather than back off.
     return AsyncClient(info.url, info.token, retries=1)
 

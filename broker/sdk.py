@@ -27,6 +27,7 @@ The command line is a user of this module: ``lockstep --server URL`` and the loc
 
 from __future__ import annotations
 
+import functools
 import json as _json
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -35,36 +36,32 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import quote as _quote
 
 import httpx
-from pydantic import BaseModel, SecretStr, TypeAdapter
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_random_exponential,
-)
 
 from broker.errors import ConflictError, LockstepError, NoFeasibleOption, NotFoundError, SpecError, error_from_api
-from broker.models import (
-    GpuSummary,
-    Job,
-    JobState,
-    LogLine,
-    Offer,
-    PriceFilter,
-    PriceSeries,
-    Quote,
-    Tenant,
-    TenantCreate,
-    TenantPatch,
-    TokenCreate,
-    TokenInfo,
-)
 
 if TYPE_CHECKING:
-    from broker.models import JobSpec
+    from pydantic import TypeAdapter
+    from tenacity import RetryCallState
 
+    from broker.models import (
+        GpuSummary,
+        Job,
+        JobSpec,
+        JobState,
+        LogLine,
+        Offer,
+        PriceFilter,
+        PriceSeries,
+        Quote,
+        Tenant,
+        TenantCreate,
+        TenantPatch,
+        TokenCreate,
+        TokenInfo,
+    )
+
+# The domain models (and pydantic) are imported when an answer is read, not with this module: `lockstep quote
+# --json` through the background broker prints the server's JSON as it came and never needs them.
 T = TypeVar("T")
 
 ALL_REJECTED = 1_000_000  # the API's cap on spelled-out rejections: "all of them"
@@ -74,11 +71,38 @@ NDJSON = "application/x-ndjson"
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
 _RETRY_AFTER_MAX_S = 30.0
 
-_OFFERS = TypeAdapter(list[Offer])
-_GPUS = TypeAdapter(list[GpuSummary])
-_TOKENS = TypeAdapter(list[TokenInfo])
-_TENANTS = TypeAdapter(list[Tenant])
-_SERIES = TypeAdapter(list[PriceSeries])
+
+
+@functools.cache
+def _adapter(name: str) -> TypeAdapter[Any]:
+    """``list[<model name>]``'s adapter, built on first use."""
+    from pydantic import TypeAdapter
+
+    from broker import models
+
+    model: Any = getattr(models, name)
+    return TypeAdapter(list[model])
+
+
+def _models() -> Any:
+    from broker import models
+
+    return models
+
+
+class _Secret:
+    """The token, kept out of reprs and messages."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def get_secret_value(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "**********"
 
 # A job event from GET /v1/events: {"cursor", "kind", "at", "tenant", "job_id", "from_state", "to_state",
 # "reason", "data"} (issue 26's contract; handed over as a mapping, as the server sends it).
@@ -166,14 +190,21 @@ def _seg(value: str) -> str:
 
 
 def _spec_body(spec: JobSpec | Mapping[str, Any]) -> Any:
-    if isinstance(spec, BaseModel):
-        return spec.model_dump(mode="json", exclude_unset=True)
-    return dict(spec)
+    dump = getattr(spec, "model_dump", None)  # a JobSpec (pydantic), told without importing pydantic
+    return dump(mode="json") if dump is not None else dict(spec)
+
+
+def _quote_params(top: int, max_rejected: int | None) -> dict[str, int]:
+    return {"top": top, "max_rejected": ALL_REJECTED if max_rejected is None else max_rejected}
 
 
 def _quote_call(spec: JobSpec | Mapping[str, Any], top: int, max_rejected: int | None) -> _Call[Quote]:
-    params = {"top": top, "max_rejected": ALL_REJECTED if max_rejected is None else max_rejected}
-    return _Call("POST", "/v1/quotes", lambda r: Quote.model_validate_json(r.content), params=params,
+    return _Call("POST", "/v1/quotes", lambda r: _models().Quote.model_validate_json(r.content),
+                 params=_quote_params(top, max_rejected), json=_spec_body(spec))
+
+
+def _quote_json_call(spec: JobSpec | Mapping[str, Any], top: int, max_rejected: int | None) -> _Call[bytes]:
+    return _Call("POST", "/v1/quotes", lambda r: r.content, params=_quote_params(top, max_rejected),
                  json=_spec_body(spec))
 
 
@@ -187,20 +218,20 @@ def _offers_call(limit: int | None, filters: Mapping[str, Any]) -> _Call[list[Of
             params.append((name, str(v).lower() if isinstance(v, bool) else str(v)))
     if limit:
         params.append(("limit", str(limit)))
-    return _Call("GET", "/v1/offers", lambda r: _OFFERS.validate_json(r.content), params=params)
+    return _Call("GET", "/v1/offers", lambda r: _adapter("Offer").validate_json(r.content), params=params)
 
 
 def _submit_call(spec: JobSpec | Mapping[str, Any], idempotency_key: str | None) -> _Call[Job]:
     # Always a key: a submission whose answer was lost is retried safely and returns the same job.
     key = idempotency_key or f"sdk-{uuid.uuid4().hex}"
-    return _Call("POST", "/v1/jobs", lambda r: Job.model_validate_json(r.content), json=_spec_body(spec),
+    return _Call("POST", "/v1/jobs", _job, json=_spec_body(spec),
                  headers={"Idempotency-Key": key})
 
 
 def _jobs_page_call(states: Sequence[JobState | str] | None, limit: int, cursor: str | None,
                     tenant: str | None) -> _Call[tuple[list[Job], str | None]]:
     params: list[tuple[str, str]] = [("limit", str(min(limit, 1000)))]
-    params += [("state", JobState(s).value) for s in states or []]
+    params += [("state", _models().JobState(s).value) for s in states or []]
     if cursor:
         params.append(("cursor", cursor))
     if tenant:
@@ -208,21 +239,31 @@ def _jobs_page_call(states: Sequence[JobState | str] | None, limit: int, cursor:
 
     def parse(r: httpx.Response) -> tuple[list[Job], str | None]:
         page = r.json()
-        return [Job.model_validate(j) for j in page["jobs"]], page.get("next_cursor")
+        return [_models().Job.model_validate(j) for j in page["jobs"]], page.get("next_cursor")
 
     return _Call("GET", "/v1/jobs", parse, params=params)
 
 
+def _job(r: httpx.Response) -> Job:
+    job: Job = _models().Job.model_validate_json(r.content)
+    return job
+
+
 def _job_call(job_id: str) -> _Call[Job]:
-    return _Call("GET", f"/v1/jobs/{_seg(job_id)}", lambda r: Job.model_validate_json(r.content))
+    return _Call("GET", f"/v1/jobs/{_seg(job_id)}", _job)
 
 
 def _cancel_call(job_id: str) -> _Call[Job]:
-    return _Call("DELETE", f"/v1/jobs/{_seg(job_id)}", lambda r: Job.model_validate_json(r.content))
+    return _Call("DELETE", f"/v1/jobs/{_seg(job_id)}", _job)
+
+
+def _log_line(raw: str | bytes) -> LogLine:
+    line: LogLine = _models().LogLine.model_validate_json(raw)
+    return line
 
 
 def _log_lines(r: httpx.Response) -> list[LogLine]:
-    return [LogLine.model_validate_json(raw) for raw in r.text.splitlines() if raw.strip()]
+    return [_log_line(raw) for raw in r.text.splitlines() if raw.strip()]
 
 
 def _logs_call(job_id: str, tail: int | None) -> _Call[list[LogLine]]:
@@ -233,11 +274,12 @@ def _logs_call(job_id: str, tail: int | None) -> _Call[list[LogLine]]:
 def _token_created(r: httpx.Response) -> tuple[TokenInfo, str]:
     data = r.json()
     plaintext = str(data.pop("token"))
-    return TokenInfo.model_validate(data), plaintext
+    return _models().TokenInfo.model_validate(data), plaintext
 
 
 def _tenant(r: httpx.Response) -> Tenant:
-    return Tenant.model_validate_json(r.content)
+    tenant: Tenant = _models().Tenant.model_validate_json(r.content)
+    return tenant
 
 
 def _nothing(_r: httpx.Response) -> None:
@@ -249,11 +291,11 @@ class _Calls:
 
     @staticmethod
     def gpus() -> _Call[list[GpuSummary]]:
-        return _Call("GET", "/v1/gpus", lambda r: _GPUS.validate_json(r.content))
+        return _Call("GET", "/v1/gpus", lambda r: _adapter("GpuSummary").validate_json(r.content))
 
     @staticmethod
     def tenants() -> _Call[list[Tenant]]:
-        return _Call("GET", "/v1/tenants", lambda r: _TENANTS.validate_json(r.content))
+        return _Call("GET", "/v1/tenants", lambda r: _adapter("Tenant").validate_json(r.content))
 
     @staticmethod
     def tenant(name: str) -> _Call[Tenant]:
@@ -275,7 +317,7 @@ class _Calls:
 
     @staticmethod
     def tokens(tenant: str | None) -> _Call[list[TokenInfo]]:
-        return _Call("GET", "/v1/tokens", lambda r: _TOKENS.validate_json(r.content),
+        return _Call("GET", "/v1/tokens", lambda r: _adapter("TokenInfo").validate_json(r.content),
                      params={"tenant": tenant} if tenant else None)
 
     @staticmethod
@@ -285,7 +327,8 @@ class _Calls:
     @staticmethod
     def price_series(f: PriceFilter) -> _Call[list[PriceSeries]]:
         params = {k: str(v) for k, v in f.model_dump(mode="json", exclude_none=True).items()}
-        return _Call("GET", "/v1/prices/series", lambda r: _SERIES.validate_json(r.content), params=params)
+        return _Call("GET", "/v1/prices/series", lambda r: _adapter("PriceSeries").validate_json(r.content),
+                     params=params)
 
 
 def _events_params(since: str | None, follow: bool) -> dict[str, str]:
@@ -300,6 +343,8 @@ def _retryable(exc: BaseException) -> bool:
 
 
 def _wait(initial_s: float) -> Callable[[RetryCallState], float]:
+    from tenacity import wait_random_exponential
+
     backoff = wait_random_exponential(multiplier=initial_s, max=10.0)  # full jitter
 
     def wait(state: RetryCallState) -> float:
@@ -322,9 +367,15 @@ def _transport_error(base: str, exc: httpx.TransportError, call: _Call[Any]) -> 
 class _Base:
     def __init__(self, base_url: str, token: str | None, *, retries: int, backoff_s: float) -> None:
         self.base_url = base_url.rstrip("/")
-        self._token = SecretStr(token) if token else None
+        self._token = _Secret(token) if token else None
         self.retries = max(0, retries)
         self.backoff_s = backoff_s
+
+    @property
+    def _tls(self) -> bool:
+        """Whether TLS settings matter: a plain http:// server (the local broker on loopback) needs no
+        certificate store, whose loading is most of a client's set-up time."""
+        return not self.base_url.startswith("http://")
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "lockstep-sdk"}
@@ -333,6 +384,8 @@ class _Base:
         return headers
 
     def _retry_args(self) -> dict[str, Any]:
+        from tenacity import retry_if_exception, stop_after_attempt
+
         return {"retry": retry_if_exception(_retryable), "stop": stop_after_attempt(self.retries + 1),
                 "wait": _wait(self.backoff_s), "reraise": True}
 
@@ -359,7 +412,7 @@ class AsyncClient(_Base):
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         super().__init__(base_url, token, retries=retries, backoff_s=backoff_s)
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=self._headers(), timeout=timeout_s,
-                                       transport=transport)
+                                       transport=transport, verify=self._tls)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -379,6 +432,8 @@ class AsyncClient(_Base):
         return call.parse(_check(resp, call))
 
     async def _run(self, call: _Call[T]) -> T:
+        from tenacity import AsyncRetrying
+
         async for attempt in AsyncRetrying(**self._retry_args()):
             with attempt:
                 return await self._once(call)
@@ -389,6 +444,11 @@ class AsyncClient(_Base):
                     max_rejected: int | None = None) -> Quote:
         """Rank every offer for ``spec``; ``max_rejected``: how many rejected offers to spell out (None: all)."""
         return await self._run(_quote_call(spec, top, max_rejected))
+
+    async def quote_json(self, spec: JobSpec | Mapping[str, Any], *, top: int = 10,
+                         max_rejected: int | None = None) -> bytes:
+        """The quote as the server's JSON document, unparsed (to pass on, or print)."""
+        return await self._run(_quote_json_call(spec, top, max_rejected))
 
     async def offers(self, *, limit: int | None = None, **filters: Any) -> list[Offer]:
         """The offer book, cheapest per GPU-hour first; filters: gpu, min_gpus, fabric, market, max_price,
@@ -430,7 +490,7 @@ class AsyncClient(_Base):
             return
         params = {"follow": "true", **({"tail": str(tail)} if tail is not None else {})}
         async for raw in self._stream(f"/v1/jobs/{_seg(job_id)}/logs", params):
-            yield LogLine.model_validate_json(raw)
+            yield _log_line(raw)
 
     async def events(self, *, since: str | None = None, follow: bool = False) -> AsyncIterator[Event]:
         """Job events (``GET /v1/events``), oldest first, from ``since`` (a cursor); with ``follow``, each new
@@ -452,6 +512,8 @@ class AsyncClient(_Base):
         call: _Call[None] = _Call("GET", path, _nothing, params=params)
         req = self._http.build_request("GET", path, params=params, headers={"Accept": NDJSON},
                                        timeout=httpx.Timeout(self._http.timeout.connect, read=None))
+        from tenacity import AsyncRetrying
+
         async for attempt in AsyncRetrying(**self._retry_args()):
             with attempt:
                 try:
@@ -510,7 +572,7 @@ class Client(_Base):
                  transport: httpx.BaseTransport | None = None) -> None:
         super().__init__(base_url, token, retries=retries, backoff_s=backoff_s)
         self._http = httpx.Client(base_url=self.base_url, headers=self._headers(), timeout=timeout_s,
-                                  transport=transport)
+                                  transport=transport, verify=self._tls)
 
     def __enter__(self) -> Client:
         return self
@@ -530,6 +592,8 @@ class Client(_Base):
         return call.parse(_check(resp, call))
 
     def _run(self, call: _Call[T]) -> T:
+        from tenacity import Retrying
+
         for attempt in Retrying(**self._retry_args()):
             with attempt:
                 return self._once(call)
@@ -537,6 +601,9 @@ class Client(_Base):
 
     def quote(self, spec: JobSpec | Mapping[str, Any], *, top: int = 10, max_rejected: int | None = None) -> Quote:
         return self._run(_quote_call(spec, top, max_rejected))
+
+    def quote_json(self, spec: JobSpec | Mapping[str, Any], *, top: int = 10, max_rejected: int | None = None) -> bytes:
+        return self._run(_quote_json_call(spec, top, max_rejected))
 
     def offers(self, *, limit: int | None = None, **filters: Any) -> list[Offer]:
         return self._run(_offers_call(limit, filters))
@@ -570,7 +637,7 @@ class Client(_Base):
             return
         params = {"follow": "true", **({"tail": str(tail)} if tail is not None else {})}
         for raw in self._stream(f"/v1/jobs/{_seg(job_id)}/logs", params):
-            yield LogLine.model_validate_json(raw)
+            yield _log_line(raw)
 
     def events(self, *, since: str | None = None, follow: bool = False) -> Iterator[Event]:
         cursor = since
@@ -589,6 +656,8 @@ class Client(_Base):
         call: _Call[None] = _Call("GET", path, _nothing, params=params)
         req = self._http.build_request("GET", path, params=params, headers={"Accept": NDJSON},
                                        timeout=httpx.Timeout(self._http.timeout.connect, read=None))
+        from tenacity import Retrying
+
         for attempt in Retrying(**self._retry_args()):
             with attempt:
                 try:

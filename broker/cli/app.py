@@ -10,7 +10,6 @@ uses. A module that fails to import fails its command loudly; nothing vanishes f
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
@@ -159,7 +158,9 @@ def _print_version(value: bool) -> None:
 
 def db_url_from(value: str) -> str:
     """--db accepts a URL or a plain file path (SQLite)."""
-    return value if "://" in value else f"sqlite:///{os.path.abspath(value)}"
+    from broker.cli.localbroker import db_url_from as url
+
+    return url(value)
 
 
 @app.callback()

@@ -66,6 +66,11 @@ def home() -> Path:
     return Path(user_data_dir("lockstep", appauthor=False)) / "brokers"
 
 
+def db_url_from(value: str) -> str:
+    """--db accepts a URL or a plain file path (SQLite)."""
+    return value if "://" in value else f"sqlite:///{os.path.abspath(value)}"
+
+
 def broker_dir(db_url: str) -> Path:
     return home() / hashlib.sha256(db_url.encode()).hexdigest()[:16]
 

@@ -121,21 +121,21 @@ class Context:
     def quick_broker(self) -> BrokerInfo | None:
         """The background broker a command already found for this very configuration, if it is up."""
         if self._broker is None and not self.server:
-            from broker.cli import localbroker
+            from broker.cli.localbroker import quick
 
-            self._broker = localbroker.quick(self.config_file, self.db)
+            self._broker = quick(self.config_file, self.db)
         return self._broker
 
     def local_broker(self, *, start: bool) -> BrokerInfo | None:
         """This store's background broker: the one up with these settings, or (``start``) a new one."""
         if self.quick_broker() is None:
-            from broker.cli import localbroker
+            from broker.cli.localbroker import ensure, find
 
             if start:
-                self._broker = localbroker.ensure(self.settings, self.config_file, self.db,
-                                                  timeout_s=self.settings.local.start_timeout_s)
+                self._broker = ensure(self.settings, self.config_file, self.db,
+                                      timeout_s=self.settings.local.start_timeout_s)
             else:
-                self._broker = localbroker.find(self.settings, self.config_file, self.db)
+                self._broker = find(self.settings, self.config_file, self.db)
         return self._broker
 
 

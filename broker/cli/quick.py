@@ -127,15 +127,15 @@ def quote_json(argv: list[str]) -> bool:
     if opts is None:
         return False
     try:
-        from broker.cli import localbroker
+        from broker.cli.localbroker import db_url_from, quick
 
         server = opts.get("server", os.environ.get("LOCKSTEP_SERVER")) or None
         token = opts.get("token", os.environ.get("LOCKSTEP_TOKEN")) or None
         broker = None
         if not server:
             config = opts.get("config", os.environ.get("LOCKSTEP_CONFIG")) or None
-            db = localbroker.db_url_from(opts["db"]) if opts.get("db") else None
-            broker = localbroker.quick(config, db)
+            db = db_url_from(opts["db"]) if opts.get("db") else None
+            broker = quick(config, db)
         return through_service(server, token, broker, opts["file"], opts["top"])
     except Exception:  # whatever went wrong, the general path does it again and says so properly
         return False

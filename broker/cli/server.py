@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from broker.cli import localbroker as lb
+import broker.cli.localbroker as lb
 from broker.cli import render
 from broker.cli.app import get_ctx
 from broker.cli.backend import local_only

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from broker.sdk import AsyncClient
 from broker.errors import ConflictError, LockstepError, NotFoundError, SpecError
+from broker.sdk import AsyncClient
 from tests.api.conftest import EXAMPLES, ROOT, Api, spec
 
 

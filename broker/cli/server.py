@@ -31,6 +31,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 log = logging.getLogger("lockstep.server")
 LOCAL_TENANT = "default"
 IDLE_CHECK_S = 30.0
+IDLE_GRACE_S = 10.0  # never idle-exit this soon after starting: the command that started it is about to ask
 
 
 def _dir(ctx: typer.Context, command: str) -> Path:
@@ -149,6 +150,7 @@ async def _serve(settings: object, d: Path) -> None:
         last_request[0] = time.monotonic()
 
     app.on_response_prepare.append(seen)
+    started = time.monotonic()
     runner, url = await start_server(app, "127.0.0.1", 0)
     from broker.config import mask_db_url
 
@@ -165,7 +167,8 @@ async def _serve(settings: object, d: Path) -> None:
         next command starts it again)."""
         while True:
             await asyncio.sleep(min(IDLE_CHECK_S, idle_s / 2))
-            if time.monotonic() - last_request[0] < idle_s:
+            now = time.monotonic()
+            if now - last_request[0] < idle_s or now - started < IDLE_GRACE_S:
                 continue
             jobs, _ = await svc.list_jobs(states=unfinished, limit=1)
             if not jobs:

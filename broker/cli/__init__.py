@@ -9,6 +9,7 @@ is answered by :mod:`broker.cli.quick` before typer (and pydantic, which it load
 from __future__ import annotations
 
 import sys
+import types
 from typing import Any
 
 
@@ -26,11 +27,30 @@ def main(argv: list[str] | None = None, root: Any = None) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("COMMANDS", "app"):
-        from broker.cli import root
+    if name == "COMMANDS":
+        from broker.cli.root import COMMANDS
 
-        return getattr(root, name)
+        return COMMANDS
     raise AttributeError(name)
+
+
+class _Index(types.ModuleType):
+    """``broker.cli.app`` is the root typer app (``from broker.cli import app``), as it was when this module
+    imported it eagerly — not the submodule of that name, which the import system binds here whenever it is
+    imported (that binding is ignored; ``from broker.cli.app import …`` reads ``sys.modules`` and is unaffected)."""
+
+    @property
+    def app(self) -> Any:
+        from broker.cli.root import app
+
+        return app
+
+    @app.setter
+    def app(self, _submodule: Any) -> None:
+        pass
+
+
+sys.modules[__name__].__class__ = _Index
 
 
 __all__ = ["COMMANDS", "app", "main"]

@@ -171,7 +171,8 @@ def _root(
     db: Annotated[str | None, typer.Option("--db", help="Store URL or SQLite file (default: LOCKSTEP_DB or "
                                                         "the user data dir).")] = None,
     server: Annotated[str | None, typer.Option("--server", envvar="LOCKSTEP_SERVER",
-                                               help="Use a Lockstep server instead of the local store.")] = None,
+                                               help="Use a Lockstep server instead of the local store "
+                                                    "and its background broker.")] = None,
     token: Annotated[str | None, typer.Option("--token", envvar="LOCKSTEP_TOKEN", show_default=False,
                                               help="Bearer token for --server.")] = None,
     log_format: Annotated[LogFormat, typer.Option("--log-format", envvar="LOCKSTEP_LOG_FORMAT",

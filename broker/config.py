@@ -463,6 +463,15 @@ class ApiConfig(_Section):
     log_follow_max_s: Seconds = 86400.0
 
 
+class LocalConfig(_Section):
+    """The per-user background broker of local mode (`lockstep server`, broker/cli/localbroker.py)."""
+
+    # It exits once no job is unfinished and no command has asked anything for this long (0: never); the
+    # next command that needs it starts it again.
+    idle_exit_s: SecondsOrOff = 3600.0
+    start_timeout_s: Seconds = 90.0  # a command waits this long for it to listen
+
+
 def credential_files(section: object) -> tuple[tuple[str, tuple[int, ...] | None], ...]:
     """The identity of each file a configuration section reads a credential from (its ``*_file`` fields):
     it changes when such a file is replaced or rewritten (a rotated token), so a provider whose
@@ -518,6 +527,7 @@ class Settings(BaseSettings):
     secrets: SecretsConfig = Field(default_factory=SecretsConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     events: EventsConfig = Field(default_factory=EventsConfig)
+    local: LocalConfig = Field(default_factory=LocalConfig)
 
     @classmethod
     def settings_customise_sources(

@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.plugins.moto",
     "tests.plugins.vast",
     "tests.plugins.clock",
+    "tests.plugins.localbroker",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -59,7 +59,7 @@ def tokens_list(
 ) -> None:
     """List tokens (ids, tenants, roles; never the secrets)."""
     tokens = with_store_or_server(get_ctx(ctx), lambda svc: svc.list_tokens(tenant),
-                                  lambda remote: remote.list_tokens(tenant))
+                                  lambda remote: remote.tokens(tenant))
     if json_out:
         render.print_json(tokens)
         return
@@ -123,7 +123,7 @@ def tenants_list(
 ) -> None:
     """List tenants and their caps."""
     tenants = with_store_or_server(get_ctx(ctx), lambda svc: svc.list_tenants(),
-                                   lambda remote: remote.list_tenants())
+                                   lambda remote: remote.tenants())
     if json_out:
         render.print_json(tenants)
     else:

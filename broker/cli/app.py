@@ -10,7 +10,6 @@ uses. A module that fails to import fails its command loudly; nothing vanishes f
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
@@ -22,7 +21,12 @@ from broker import logconfig
 from broker.logconfig import LogFormat
 
 if TYPE_CHECKING:
+    from broker.cli.localbroker import BrokerInfo
     from broker.config import Settings
+
+# Commands that go through the background broker: when one is up for exactly this configuration, they need
+# not load the settings at all (it was started with them, so they were checked then).
+BROKER_COMMANDS = frozenset({"submit", "jobs", "status", "cancel", "logs", "quote", "offers", "gpus"})
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,7 @@ class Context:
     server: str | None = None
     token: str | None = None
     _settings: Settings | None = field(default=None, repr=False)
+    _broker: BrokerInfo | None = field(default=None, repr=False)
 
     @property
     def settings(self) -> Settings:
@@ -112,6 +117,26 @@ class Context:
             over = {"db_url": self.db} if self.db else {}
             self._settings = load_settings(self.config_file, **over)
         return self._settings
+
+    def quick_broker(self) -> BrokerInfo | None:
+        """The background broker a command already found for this very configuration, if it is up."""
+        if self._broker is None and not self.server:
+            from broker.cli.localbroker import quick
+
+            self._broker = quick(self.config_file, self.db)
+        return self._broker
+
+    def local_broker(self, *, start: bool) -> BrokerInfo | None:
+        """This store's background broker: the one up with these settings, or (``start``) a new one."""
+        if self.quick_broker() is None:
+            from broker.cli.localbroker import ensure, find
+
+            if start:
+                self._broker = ensure(self.settings, self.config_file, self.db,
+                                      timeout_s=self.settings.local.start_timeout_s)
+            else:
+                self._broker = find(self.settings, self.config_file, self.db)
+        return self._broker
 
 
 def version() -> str:
@@ -133,7 +158,9 @@ def _print_version(value: bool) -> None:
 
 def db_url_from(value: str) -> str:
     """--db accepts a URL or a plain file path (SQLite)."""
-    return value if "://" in value else f"sqlite:///{os.path.abspath(value)}"
+    from broker.cli.localbroker import db_url_from as url
+
+    return url(value)
 
 
 @app.callback()
@@ -144,7 +171,8 @@ def _root(
     db: Annotated[str | None, typer.Option("--db", help="Store URL or SQLite file (default: LOCKSTEP_DB or "
                                                         "the user data dir).")] = None,
     server: Annotated[str | None, typer.Option("--server", envvar="LOCKSTEP_SERVER",
-                                               help="Use a Lockstep server instead of the local store.")] = None,
+                                               help="Use a Lockstep server instead of the local store "
+                                                    "and its background broker.")] = None,
     token: Annotated[str | None, typer.Option("--token", envvar="LOCKSTEP_TOKEN", show_default=False,
                                               help="Bearer token for --server.")] = None,
     log_format: Annotated[LogFormat, typer.Option("--log-format", envvar="LOCKSTEP_LOG_FORMAT",
@@ -154,9 +182,11 @@ def _root(
 ) -> None:
     logconfig.configure(log_format)
     ctx.obj = Context(config_file=config, db=db_url_from(db) if db else None, server=server, token=token)
-    # A mistake in the configuration stops every command, at once (config and serve: every problem, each a line).
-    if ctx.invoked_subcommand not in ("config", "serve"):
-        _ = ctx.obj.settings
+    if ctx.invoked_subcommand in ("config", "serve"):
+        return  # both check the configuration themselves and print every problem, each a line
+    if ctx.invoked_subcommand in BROKER_COMMANDS and ctx.obj.quick_broker() is not None:
+        return  # the broker up for this configuration was started with it: it was checked then
+    _ = ctx.obj.settings  # a mistake in the configuration stops every command, at once
 
 
 def get_ctx(ctx: typer.Context) -> Context:

@@ -1,25 +1,31 @@
-"""Where CLI commands go: the local service (store and providers on this machine) or a Lockstep server.
+"""Where CLI commands go: one way to the service, the SDK's client (broker/sdk.py).
 
-Job commands use a :class:`Backend`: both kinds expose the same async methods returning the same
-models, so each command renders identical output either way. Commands that exist only locally
-(tokens, tenants, prices) call the service itself through :func:`with_service`.
+- With ``--server URL`` (``LOCKSTEP_SERVER``): that server.
+- Without: the per-user background broker of this store (broker/cli/localbroker.py), started by the first
+  command that needs it (the job commands) and reused by the rest.
+
+Each command renders the same models either way. Two narrow exceptions run in this process instead, where no
+broker is needed and none is up: ``quote``/``offers``/``gpus`` (they read the offer book and write nothing;
+with ``--provider`` a quote is made over those providers alone), and ``tokens``/``tenants`` (one short
+write to the store; through the broker whenever it is up, so the store keeps one writer). Commands that
+exist only on this machine (``serve``, ``prices track``, ``burnin``, …) call the service through
+:func:`with_service`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from broker.cli.app import Context
-from broker.models import GpuSummary, Job, JobState, LogLine, Offer, Quote
 
 if TYPE_CHECKING:
-    from broker.client import RemoteBackend
+    from broker.cli.local import LocalMarket
+    from broker.sdk import AsyncClient
     from broker.service import Lockstep
-    from policies.offers import OfferFilter
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -41,42 +47,51 @@ def run_async(main: Callable[[], Awaitable[T]]) -> T:
     return out[0]
 
 
-class Backend(Protocol):
-    async def quote(self, spec_data: dict, *, top: int, max_rejected: int | None) -> Quote: ...
-    async def offers(self, f: OfferFilter, limit: int | None) -> list[Offer]: ...
-    async def gpus(self) -> list[GpuSummary]: ...
-    async def submit(self, spec_data: dict, idempotency_key: str | None) -> Job: ...
-    async def jobs(self, states: list[JobState] | None, limit: int) -> list[Job]: ...
-    async def status(self, job_id: str) -> Job: ...
-    async def cancel(self, job_id: str) -> Job: ...
-    async def logs(self, job_id: str, tail: int | None) -> list[LogLine]: ...
-    # The job's log as it grows, until the job has ended (not found: raised before the first line).
-    async def follow_logs(self, job_id: str, tail: int | None) -> AsyncIterator[LogLine]: ...
-    async def place(self, job_ids: list[str]) -> None: ...  # one placement pass now (a server's loops do it)
-    async def poll(self) -> None: ...  # poll the providers now (likewise)
-    async def aclose(self) -> None: ...
-
-
-def open_backend(ctx: Context, providers: list[str] | None = None, *, need_store: bool = False) -> Backend:
+def open_client(ctx: Context, *, start: bool) -> AsyncClient | None:
+    """The client of the server, or of this store's background broker (started when ``start``); None when no
+    server is given, none is up and ``start`` is false."""
     if ctx.server:
-        from broker.client import RemoteBackend
+        from broker.sdk import AsyncClient
 
-        return RemoteBackend(ctx.server, ctx.token)
-    from broker.cli.local import LocalBackend
+        return AsyncClient(ctx.server, ctx.token)
+    info = ctx.local_broker(start=start)
+    if info is None:
+        return None  # (httpx and the SDK not even imported: an in-process quote does without them)
+    from broker.sdk import AsyncClient
 
-    return LocalBackend(ctx.settings, providers=providers, need_store=need_store)
+    # On loopback a refused connection means the broker is gone: say so at once rather than back off.
+    return AsyncClient(info.url, info.token, retries=1)
 
 
-def with_backend(ctx: Context, fn: Callable[[Backend], Awaitable[T]], *, providers: list[str] | None = None,
-                 need_store: bool = False) -> T:
-    """Open the backend, run one async operation on it, always close it."""
+def with_client(ctx: Context, fn: Callable[[AsyncClient], Awaitable[T]]) -> T:
+    """Run one async operation on the service (the server, or the background broker, started if need be)."""
 
     async def run() -> T:
-        backend = open_backend(ctx, providers, need_store=need_store)
+        client = open_client(ctx, start=True)
+        assert client is not None
+        async with client:
+            return await fn(client)
+
+    return run_async(run)
+
+
+def with_market(ctx: Context, remote: Callable[[AsyncClient], Awaitable[T]],
+                local: Callable[[LocalMarket], Awaitable[T]], *, providers: list[str] | None = None) -> T:
+    """A read of the offer book: through the server or a broker that is up; otherwise (or with ``providers``,
+    a book of those providers alone) in this process, starting nothing."""
+
+    async def run() -> T:
+        client = open_client(ctx, start=False) if ctx.server or not providers else None
+        if client is not None:
+            async with client:
+                return await remote(client)
+        from broker.cli.local import LocalMarket
+
+        market = LocalMarket(ctx.settings, providers)
         try:
-            return await fn(backend)
+            return await local(market)
         finally:
-            await backend.aclose()
+            await market.aclose()
 
     return run_async(run)
 
@@ -98,21 +113,20 @@ def with_service(ctx: Context, fn: Callable[[Lockstep], Awaitable[T]], *, market
 
 
 def with_store_or_server(ctx: Context, local: Callable[[Lockstep], Awaitable[T]],
-                         remote: Callable[[RemoteBackend], Awaitable[T]]) -> T:
-    """Run ``remote`` on the server when there is one (``--server``/LOCKSTEP_SERVER), else ``local`` on the
-    local store's service: commands that exist both ways (tokens, tenants, price history)."""
-    if not ctx.server:
-        return with_service(ctx, local)
-    from broker.client import RemoteBackend
+                         remote: Callable[[AsyncClient], Awaitable[T]]) -> T:
+    """``remote`` on the server or the background broker when one is there, else ``local`` on the store's
+    service: commands that exist both ways (tokens, tenants, price history)."""
 
-    async def run() -> T:
-        backend = RemoteBackend(ctx.server or "", ctx.token)
-        try:
-            return await remote(backend)
-        finally:
-            await backend.aclose()
+    async def run() -> T | None:
+        client = open_client(ctx, start=False)
+        if client is None:
+            return None
+        async with client:
+            return await remote(client)
 
-    return run_async(run)
+    if ctx.server or ctx.local_broker(start=False) is not None:
+        return run_async(run)  # type: ignore[return-value]
+    return with_service(ctx, local)
 
 
 def local_only(ctx: Context, command: str) -> None:

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from broker.cli import render
 from broker.cli.app import get_ctx
-from broker.cli.backend import with_backend
+from broker.cli.backend import with_market
 from broker.errors import SpecError
 from broker.gpus import resolve_request
 from broker.models import GpuSummary
@@ -29,7 +29,7 @@ def gpus(
             wanted = {m for name in gpu for m in resolve_request(name)}
         except ValueError as exc:
             raise SpecError("gpu", str(exc)) from None
-    rows = with_backend(get_ctx(ctx), lambda b: b.gpus())
+    rows = with_market(get_ctx(ctx), lambda client: client.gpus(), lambda book: book.gpus())
     if wanted is not None:
         rows = [r for r in rows if r.gpu in wanted]
     render.emit(rows, json_out, _table)

@@ -1,17 +1,26 @@
-"""`lockstep submit | jobs | status | cancel | logs`."""
+"""`lockstep submit | jobs | status | cancel | logs`: through the SDK's client, to a server (``--server``) or to
+this store's background broker (started by the first of these commands that needs it)."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
-from typing import Annotated
+import time
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from broker.cli import render
 from broker.cli.app import get_ctx
-from broker.cli.backend import Backend, with_backend
+from broker.cli.backend import with_client
 from broker.models import TERMINAL_STATES, Job, JobState, LogLine
 from broker.specs import load_spec
+
+if TYPE_CHECKING:
+    from broker.sdk import AsyncClient
+
+PLACE_WAIT_S = 15.0  # how long `submit` waits to show where the broker placed a job (it carries on regardless)
+PLACE_POLL_S = 0.2
 
 
 def submit(
@@ -21,7 +30,8 @@ def submit(
         str | None, typer.Option("--idempotency-key", help="Retrying with the same key returns the same job.")
     ] = None,
     place: Annotated[bool, typer.Option("--place/--no-place",
-                                        help="Without a server: try to place the job right away.")] = True,
+                                        help="Without a server: wait a little for the background broker's "
+                                             "first placement, to show where the job goes.")] = True,
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Submit a job. Once accepted it is stored and survives a broker crash."""
@@ -30,16 +40,15 @@ def submit(
 
     warning = ""
 
-    async def run(backend: Backend) -> Job:
+    async def run(client: AsyncClient) -> Job:
         nonlocal warning
-        j = await backend.submit(spec.model_dump(mode="json"), idempotency_key)
+        j = await client.submit(spec.model_dump(mode="json"), idempotency_key=idempotency_key)
         warning = str(j.decision.get("warning") or "")  # a placement below may replace the decision
         if place and not c.server:
-            await backend.place([j.id])
-            j = await backend.status(j.id)
+            j = await _first_decision(client, j)
         return j
 
-    j = with_backend(c, run, need_store=True)
+    j = with_client(c, run)
     if warning:
         typer.echo(warning, err=True)  # on stderr, so `--json` output and the printed id stay parseable
     if json_out:
@@ -51,6 +60,19 @@ def submit(
         print(j.id)
 
 
+async def _first_decision(client: AsyncClient, job: Job) -> Job:
+    """The job once the broker has placed it or said why it waits (a new event), or as it is after a short
+    while: the broker follows it either way."""
+    deadline = time.monotonic() + PLACE_WAIT_S
+    seen = len(job.events)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(PLACE_POLL_S)
+        job = await client.job(job.id)
+        if job.state is not JobState.pending or len(job.events) > seen:
+            break
+    return job
+
+
 def list_jobs(
     ctx: typer.Context,
     state: Annotated[
@@ -60,7 +82,7 @@ def list_jobs(
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Jobs, newest first."""
-    jobs = with_backend(get_ctx(ctx), lambda b: b.jobs(state, limit), need_store=True)
+    jobs = with_client(get_ctx(ctx), lambda client: client.jobs(states=state, limit=limit))
     render.emit(jobs, json_out, render.jobs_table)
 
 
@@ -69,16 +91,8 @@ def status(
     job_id: Annotated[str, typer.Argument(help="Job id.")],
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """One job with its events (without a server, polls its provider first)."""
-    c = get_ctx(ctx)
-
-    async def run(backend: Backend) -> Job:
-        if not c.server:
-            await backend.status(job_id)  # NotFound before touching providers
-            await backend.poll()
-        return await backend.status(job_id)
-
-    j = with_backend(c, run, need_store=True)
+    """One job with its events and spend."""
+    j = with_client(get_ctx(ctx), lambda client: client.job(job_id))
     render.emit(j, json_out, render.job_detail)
 
 
@@ -88,7 +102,7 @@ def cancel(
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Cancel a job and release everything it holds."""
-    j = with_backend(get_ctx(ctx), lambda b: b.cancel(job_id), need_store=True)
+    j = with_client(get_ctx(ctx), lambda client: client.cancel(job_id))
     if json_out:
         render.print_json(j)
     else:
@@ -116,21 +130,21 @@ def logs(
         note = "lockstep: " if ln.stream == "lockstep" else ""
         typer.echo(f"{head}{node}{note}{ln.text}", err=ln.stream == "err")
 
-    async def run(backend: Backend) -> None:
+    async def run(client: AsyncClient) -> None:
         if not follow:
-            lines = await backend.logs(job_id, tail)
+            lines = [ln async for ln in client.logs(job_id, tail=tail)]
             ranks = {ln.rank for ln in lines}
             for ln in lines:
                 show(ln, ranks)
             return
         ranks = set()
-        async for ln in await backend.follow_logs(job_id, tail):
+        async for ln in client.logs(job_id, tail=tail, follow=True):
             ranks.add(ln.rank)
             show(ln, ranks)
             sys.stdout.flush()
-        job = await backend.status(job_id)
+        job = await client.job(job_id)
         if job.state not in TERMINAL_STATES:  # the server's api.log_follow_max_s ended the stream
             typer.echo(f"lockstep: the server ended the stream; job {job_id} is {job.state.value} "
                        f"(lockstep logs {job_id} -f --tail 0 carries on)", err=True)
 
-    with_backend(c, run, need_store=True)
+    with_client(c, run)

@@ -23,7 +23,7 @@ from broker.errors import SpecError
 from broker.models import PriceFilter, PriceSeries, SeriesKey, as_utc, parse_duration, utcnow
 
 if TYPE_CHECKING:
-    from broker.client import RemoteBackend
+    from broker.sdk import AsyncClient
     from broker.service import Lockstep
     from broker.service.prices import Replay
     from policies.spikes import Spike
@@ -182,7 +182,7 @@ def history(
         series = watched(await svc.price_series(f))
         return series, svc.spikes(series)
 
-    async def read_remote(remote: RemoteBackend) -> tuple[list[PriceSeries], dict[SeriesKey, list[Spike]]]:
+    async def read_remote(remote: AsyncClient) -> tuple[list[PriceSeries], dict[SeriesKey, list[Spike]]]:
         from broker.service.prices import series_spikes
 
         series = watched(await remote.price_series(f))  # GET /v1/prices/series; spikes by this config's rule

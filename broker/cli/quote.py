@@ -1,4 +1,10 @@
-"""`lockstep quote` and `lockstep offers`."""
+"""`lockstep quote`.
+
+``quote FILE --json`` with a server or this store's background broker up is answered by broker/cli/quick.py,
+usually before this module is even imported (the process never loads the domain models, the offer book or
+numpy; bench/startup.py measures it). Everything else takes the general path here: the spec read and checked,
+the answer rendered from the models.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +12,7 @@ from typing import Annotated
 
 import typer
 
-from broker.cli import render
-from broker.cli.app import get_ctx
-from broker.cli.backend import validated, with_backend
-from broker.errors import NoFeasibleOption
-from broker.models import FabricNeed, Market
-from broker.specs import load_spec
-from policies.offers import OfferFilter
+from broker.cli.app import Context, get_ctx
 
 
 def quote(
@@ -24,29 +24,26 @@ def quote(
     json_out: Annotated[bool, typer.Option("--json", help="Print the quote as JSON.")] = False,
 ) -> None:
     """What the job would cost, where, and why: ranked by expected job cost."""
+    c = get_ctx(ctx)
+    if json_out and not provider and _quote_json_through_service(c, job, top):
+        return
+    from broker.cli import render
+    from broker.cli.backend import with_market
+    from broker.errors import NoFeasibleOption
+    from broker.specs import load_spec
+
     spec = load_spec(job)
-    q = with_backend(get_ctx(ctx), lambda b: b.quote(spec.model_dump(mode="json"), top=top, max_rejected=None),
-                     providers=provider)
+    data = spec.model_dump(mode="json")
+    q = with_market(c, lambda client: client.quote(data, top=top, max_rejected=None),
+                    lambda book: book.quote(data, top=top, max_rejected=None), providers=provider)
     render.emit(q, json_out, lambda q: render.quote_table(q, explain=explain))
     if not q.options:
         raise NoFeasibleOption(f"no feasible option for {spec.name}: " + render.infeasible_reasons(q),
                                q.rejected_counts)
 
 
-def offers(
-    ctx: typer.Context,
-    gpu: Annotated[list[str] | None, typer.Option("--gpu", help="GPU model or family (repeatable).")] = None,
-    min_gpus: Annotated[int | None, typer.Option("--min-gpus", min=1, help="GPUs per node at least.")] = None,
-    fabric: Annotated[FabricNeed | None, typer.Option("--fabric", help="Fabric class at least.")] = None,
-    market: Annotated[list[Market] | None, typer.Option("--market", help="Market kind (repeatable).")] = None,
-    max_price: Annotated[float | None, typer.Option("--max-price", help="USD per node-hour at most.")] = None,
-    provider: Annotated[list[str] | None, typer.Option("--provider", help="Provider (repeatable).")] = None,
-    region: Annotated[str | None, typer.Option("--region")] = None,
-    limit: Annotated[int, typer.Option(min=1, help="Rows at most.")] = 50,
-    json_out: Annotated[bool, typer.Option("--json", help="Print offers as JSON.")] = False,
-) -> None:
-    """The offer book, cheapest per GPU-hour first."""
-    f = validated(OfferFilter, gpu=gpu, min_gpus=min_gpus, fabric=fabric, market=market, max_price=max_price,
-                  provider=provider, region=region)
-    result = with_backend(get_ctx(ctx), lambda b: b.offers(f, limit), providers=provider)
-    render.emit(result, json_out, render.offers_table)
+def _quote_json_through_service(c: Context, path: str, top: int) -> bool:
+    """The quote's JSON as the server or the background broker made it (broker/cli/quick.py)."""
+    from broker.cli.quick import through_service
+
+    return through_service(c.server, c.token, None if c.server else c.quick_broker(), path, top)

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from broker.client import RemoteBackend
 from broker.errors import ConflictError, LockstepError, NotFoundError, SpecError
+from broker.sdk import AsyncClient
 from tests.api.conftest import EXAMPLES, ROOT, Api, spec
 
 
@@ -74,24 +74,25 @@ def test_a_bad_token_is_one_line_without_the_token(api: Api) -> None:
     assert down.returncode == 1 and "cannot reach" in down.stderr and api.alice not in down.stderr
 
 
-async def test_remote_backend_maps_errors(api: Api) -> None:
-    backend = RemoteBackend(api.url, api.alice)
+async def test_the_cli_client_maps_errors(api: Api) -> None:
+    """The CLI's way to a server is the SDK's AsyncClient: the server's errors come back as its classes."""
+    backend = AsyncClient(api.url, api.alice)
     try:
         assert api.alice not in repr(backend)
         with pytest.raises(SpecError) as bad:
             await backend.quote(spec(gpus=12, gpus_per_node=8), top=3, max_rejected=None)
         assert bad.value.field == "gpus_per_node"
         with pytest.raises(NotFoundError):
-            await backend.status("j-does-not-exist")
-        await backend.submit(spec("remote-idem"), "remote-key")
+            await backend.job("j-does-not-exist")
+        await backend.submit(spec("remote-idem"), idempotency_key="remote-key")
         with pytest.raises(ConflictError):
-            await backend.submit(spec("remote-idem", gpus=16), "remote-key")
+            await backend.submit(spec("remote-idem", gpus=16), idempotency_key="remote-key")
     finally:
         await backend.aclose()
-    anonymous = RemoteBackend(api.url, None)
+    anonymous = AsyncClient(api.url, None)
     try:
         with pytest.raises(LockstepError, match="refused the token"):
-            await anonymous.jobs(None, 10)
+            await anonymous.jobs(limit=10)
     finally:
         await anonymous.aclose()
 

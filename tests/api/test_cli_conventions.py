@@ -92,7 +92,9 @@ def test_shell_completion_shows_installs_and_completes(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- --json
 
-NO_DATA = {"serve"}  # prints only the line scripts wait for ("serving on URL"); logs go to stderr
+# serve prints only the line scripts wait for ("serving on URL"), logs go to stderr; server run is what local
+# commands start in the background (its output is its log); server logs prints that log as it is
+NO_DATA = {"serve", "server run", "server logs"}
 
 
 def test_every_command_that_prints_data_has_json() -> None:
@@ -121,6 +123,8 @@ REFUSED = {  # the local store or this machine's providers only: one line naming
     "bench list": ["bench", "list"], "bench resume": ["bench", "resume", "n1"],
     "prices alerts": ["prices", "alerts"], "prices track": ["prices", "track", "--once"],
     "advise": ["advise", "--from-history"],  # with --pods it reads a file, no store
+    "server status": ["server", "status"], "server stop": ["server", "stop"], "server logs": ["server", "logs"],
+    "server run": ["server", "run"],  # the local background broker
 }
 NO_STORE = {  # read files or measure this machine; no store, nothing a server would answer differently
     "probe", "bench parse-nccl", "prices replay", "simulate deadline", "simulate cluster", "config check",

@@ -53,7 +53,7 @@ ZERO_MEANS_SOMETHING = {
     "broker.rebalance_interval_s", "runtime.grace_s", "aws.egress_usd_per_gb", "vast.egress_usd_per_gb",
     "vast.min_inet_down_mbps", "vast.min_reliability", "slurm.owned.capex_usd", "slurm.owned.ops_usd_per_year",
     "slurm.owned.power_kw", "slurm.owned.usd_per_kwh", "tracker.compact_after_days", "health.max_ecc_double_bit",
-    "vast.list_reuse_s", "broker.budget_grace_s",
+    "vast.list_reuse_s", "broker.budget_grace_s", "local.idle_exit_s",
 }
 
 

@@ -190,6 +190,9 @@ async def test_a_job_that_exits_3_streams_its_log_masks_its_secret_and_keeps_it_
     code, text, err = await served.cli("logs", job.id, "--follow", server=False)
     assert code == 0, err
     assert "line one" in text.splitlines() and "token=*****" in text.splitlines() and SECRET not in text + err
+    # Locally the command went through the store's background broker, which it started: a second broker on
+    # this store would place the next tests' jobs too.
+    assert (await served.cli("server", "stop", server=False))[0] == 0
 
 
 async def test_follow_in_the_cli_streams_while_the_job_runs(served: Served) -> None:

@@ -181,6 +181,7 @@ SHELLS = ("broker.api", "broker.cli", "broker.dashboard")
 # builds the service from, reading a spec (input), logging set-up, the package's version, and the SDK client
 # (the CLI's remote backend). Never the store, the market, the loops, the router, a provider.
 SHELL_MAY_IMPORT = LEAVES | {"broker", "broker.config", "broker.specs", "broker.logconfig", "broker.client",
+                             "broker.sdk",
                              "policies.offers"}  # OfferFilter: the offer book's query model
 # Known reaches past the service, each in a file another piece of work owns; a fixed one must leave this list
 # (the test fails on a stale entry), and no new one may join it.
@@ -193,7 +194,7 @@ SHELL_DEBTS = {
 # Attributes of the service a shell must not reach for: the facade hands out operations, not its parts.
 SERVICE_INTERNALS = {"store", "market", "broker", "_broker", "tracker", "webhooks", "burnin", "_providers",
                      "_store", "_market"}
-INTERNAL_DEBTS = {"broker/cli/local.py:18 .store"}  # opening the store early (the local backend's start)
+INTERNAL_DEBTS: set[str] = set()
 
 
 def _is_shell(module: str) -> bool:

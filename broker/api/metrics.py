@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from broker.models import JobState, as_utc
-from broker.service.operations import CIRCUIT_CODES
+from broker.service.operations import circuit_code
 
 if TYPE_CHECKING:
     from broker.service import Lockstep
@@ -147,7 +147,7 @@ class ApiMetrics:
             self.provider_offers.labels(name).set(h.offers)
             if h.last_ok is not None:
                 self.provider_last_ok.labels(name).set(as_utc(h.last_ok).timestamp())
-            self.circuit_state.labels(name).set(CIRCUIT_CODES[h.circuit.state])
+            self.circuit_state.labels(name).set(circuit_code(h.circuit.state))
             self.circuit_failures.labels(name).set(h.circuit.failures)
             if h.circuit.next_probe_at is not None:
                 self.circuit_next_probe.labels(name).set(as_utc(h.circuit.next_probe_at).timestamp())

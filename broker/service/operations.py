@@ -6,7 +6,6 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-from broker.market import CIRCUIT_CODES
 from broker.models import AllocationState, JobState, as_utc, utcnow
 from broker.service.runtime import Runtime
 
@@ -14,7 +13,15 @@ log = logging.getLogger(__name__)
 
 WAITING_STATES = (JobState.pending, JobState.placing, JobState.provisioning)  # where a job can get stuck
 BILLING = (AllocationState.pending, AllocationState.running)  # allocations that cost money now
-__all__ = ["CIRCUIT_CODES", "OperationsService"]
+__all__ = ["OperationsService", "circuit_code"]
+
+
+def circuit_code(state: Any) -> int:
+    """The number /metrics reports for a provider's circuit state. Imported where asked: the offer book (numpy)
+    stays out of the commands that only read the store (`lockstep tokens`)."""
+    from broker.market import CIRCUIT_CODES
+
+    return CIRCUIT_CODES[state]
 
 
 class OperationsService(Runtime):

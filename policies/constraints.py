@@ -206,6 +206,11 @@ def _group_checks(book: OfferBook, spec: JobSpec) -> np.ndarray:
     return codes
 
 
+def candidate_rows(book: OfferBook, spec: JobSpec) -> int:
+    """How many rows the group checks let through to the row checks (the work a screen will do)."""
+    return int(book.groups.size[_group_checks(book, spec) == 0].sum())
+
+
 def screen(book: OfferBook, spec: JobSpec, *, members: bool = False) -> Screen:
     """The constraints over ``book``: group checks on the index, row checks on the rows that remain.
 

@@ -148,9 +148,12 @@ def quote_parts(
     top: int = 10,
     max_rejected: int | None = None,
     exclude: Collection[str] = (),
+    prune: bool | None = None,
 ) -> QuoteParts:
-    """:func:`quote` as :class:`QuoteParts` (what the API serialises without making models)."""
-    q = _quote(book, spec, now=now, top=top, max_rejected=max_rejected)
+    """:func:`quote` as :class:`QuoteParts` (what the API serialises without making models). ``prune``:
+    rank through the book folded by shape (PrunedView) whenever that is exact (True), never (False), or
+    when it is exact and pays (None: a large book with many candidate rows)."""
+    q = _quote(book, spec, now=now, top=top, max_rejected=max_rejected, prune=prune)
     if not (book.assemblers and assemblable(spec)):
         return q
     extra = assemble(book, spec, exclude=exclude)
@@ -244,15 +247,16 @@ def _rank(book: OfferBook, spec: JobSpec, now: datetime, top: int) -> _Ranked:
     return _Ranked(sc, idx, pos, keep, shown, figures)
 
 
-def _prunable(book: OfferBook, spec: JobSpec, max_rejected: int | None) -> bool:
-    """Whether the pruned view answers this quote exactly and pays: no rejection spelled out (those name
-    single offers) and no check that depends on the price (a price cap or a budget splits a shape
-    class), on a book with many candidate rows that folds well."""
-    if len(book) < PRUNE_MIN_ROWS or max_rejected != 0:
+def _prunable(book: OfferBook, spec: JobSpec, max_rejected: int | None, prune: bool | None = None) -> bool:
+    """Whether the pruned view answers this quote exactly — no rejection spelled out (those name single
+    offers), no check that depends on the price (a price cap or a budget splits a shape class) — and,
+    unless ``prune`` says, pays: a book with many candidate rows that folds well."""
+    if prune is False or max_rejected != 0 or spec.max_usd_per_hour is not None or spec.max_total_usd is not None:
         return False
-    if spec.max_usd_per_hour is not None or spec.max_total_usd is not None:
-        return False
-    return candidate_rows(book, spec) >= PRUNE_MIN_ROWS and len(book.pruned().reps) <= PRUNE_MAX_SHARE * len(book)
+    if prune:
+        return True
+    return (len(book) >= PRUNE_MIN_ROWS and candidate_rows(book, spec) >= PRUNE_MIN_ROWS
+            and len(book.pruned().reps) <= PRUNE_MAX_SHARE * len(book))
 
 
 def _quote(
@@ -262,8 +266,9 @@ def _quote(
     now: datetime,
     top: int,
     max_rejected: int | None,
+    prune: bool | None = None,
 ) -> QuoteParts:
-    if _prunable(book, spec, max_rejected):
+    if _prunable(book, spec, max_rejected, prune):
         return _quote_pruned(book, spec, now=now, top=top)
     r = _rank(book, spec, now, top)
     idx, sc = r.idx, r.sc

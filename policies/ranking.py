@@ -242,9 +242,17 @@ def _rank(book: OfferBook, spec: JobSpec, now: datetime, top: int,
     sub = np.lexsort((book["price"][rows], cost[chosen], wall[chosen], book["stale"][rows], np.round(cost[chosen], 2)))
     shown = chosen[sub][:top]
     figures = {"price": job_price[shown], "wall": wall[shown], "cost": cost[shown],
-               "comp": np.broadcast_to(comp, cost.shape)[shown], "comm": np.broadcast_to(comm_h, cost.shape)[shown],
+               "comp": _pick(comp, shown), "comm": _pick(comm_h, shown),
                "lost": lost[shown], "egress": egress_usd[shown], "billed": billed_hours[shown]}
     return _Ranked(sc, idx, pos, keep, shown, figures)
+
+
+def _pick(values: np.ndarray | float, shown: np.ndarray) -> np.ndarray:
+    """``values`` at ``shown``: a column of the feasible rows, or one figure the same for all of them."""
+    if isinstance(values, np.ndarray) and values.ndim:
+        picked: np.ndarray = values[shown]
+        return picked
+    return np.full(len(shown), float(values))
 
 
 def _exact_when_pruned(spec: JobSpec, max_rejected: int | None) -> bool:
@@ -327,16 +335,23 @@ def _by_source(book: OfferBook, rows: np.ndarray, weights: np.ndarray | None = N
     return out
 
 
+# Enum members' text, looked up once: an enum's ``.value`` is a Python-level property, and orjson reads it
+# for every enum it writes (three per option).
+_MARKET_TEXT = tuple(m.value for m in MARKETS)
+_FABRIC_TEXT = tuple(f.value for f in FABRICS)
+_LIVE = OfferSource.live.value
+
+
 def _options(book: OfferBook, rows: np.ndarray, nodes: int, gpn: int, now: datetime,
              **figures: np.ndarray) -> list[dict[str, Any]]:
-    """The options shown, as data for QuoteOption: only these rows become objects."""
+    """The options shown, as data for QuoteOption (enums as their text): only these rows become objects."""
     c = book.cols
     f = {k: v.tolist() for k, v in figures.items()}
     text = {k: book.texts(k, rows) for k in ("provider", "sku", "region", "zone", "cluster", "gpu", "perf_source")}
     num = {k: c[k][rows].tolist() for k in ("market", "fabric", "fabric_gbps", "interruptible", "stale", "queue",
                                              "measured", "tflops", "source", "observed_at")}
     now_ts = now.timestamp()
-    stamps: dict[tuple[int, float], tuple[OfferSource, datetime, str]] = {}  # most options share a snapshot's
+    stamps: dict[tuple[int, float], tuple[str, datetime, str]] = {}  # most options share a snapshot's
     out = []
     for j, i in enumerate(rows.tolist()):
         perf_source, tflops = text["perf_source"][j], num["tflops"][j]
@@ -349,19 +364,19 @@ def _options(book: OfferBook, rows: np.ndarray, nodes: int, gpn: int, now: datet
         age = now_ts - observed_ts
         stamp = stamps.get((num["source"][j], observed_ts))
         if stamp is None:
-            source = SOURCES[num["source"][j]]
+            kind = SOURCES[num["source"][j]]
             stamp = stamps[num["source"][j], observed_ts] = (
-                source, datetime.fromtimestamp(observed_ts, UTC), source_label_at(source, observed_ts, age))
+                kind.value, datetime.fromtimestamp(observed_ts, UTC), source_label_at(kind, observed_ts, age))
         source, observed_at, label = stamp
         if num["stale"][j]:
             notes.append("offer is stale: its provider did not answer the last refresh")
-        if source.value != "live":
+        if source != _LIVE:
             notes.append(f"price: {label}")
         out.append({
-            "offer_id": book.ids[i], "provider": text["provider"][j], "market": MARKETS[num["market"][j]],
+            "offer_id": book.ids[i], "provider": text["provider"][j], "market": _MARKET_TEXT[num["market"][j]],
             "sku": text["sku"][j], "region": text["region"][j], "zone": text["zone"][j],
             "cluster": text["cluster"][j], "nodes": nodes, "gpus_per_node": gpn, "gpu": text["gpu"][j],
-            "fabric": FABRICS[num["fabric"][j]], "fabric_gbps": num["fabric_gbps"][j],
+            "fabric": _FABRIC_TEXT[num["fabric"][j]], "fabric_gbps": num["fabric_gbps"][j],
             "usd_per_hour": round(f["price"][j], 4), "expected_hours": round(f["wall"][j], 4),
             "expected_cost_usd": round(f["cost"][j], 2), "interruptible": num["interruptible"][j],
             "stale": num["stale"][j], "perf_source": perf_source, "source": source,

@@ -217,6 +217,9 @@ SHAPE_COLUMNS = ("gpu", "market", "provider", "region", "site", "unhealthy", "no
                  "max_nodes", "coloc", "fabric", "fabric_gbps", "fabric_lat", "intra", "reliability",
                  "interruptible", "divisible", "tflops", "download_gbps", "preempt_rate", "queue", "stale", "source")
 _MIX = np.uint64(0x9E3779B97F4A7C15)
+# Below this many offers (and candidate rows for a job) a quote takes the plain pass and no view is built:
+# the small books of everyday use never fold (policies/ranking.py).
+PRUNE_MIN_ROWS = 20_000
 
 
 def _bits(a: np.ndarray) -> np.ndarray:

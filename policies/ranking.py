@@ -22,7 +22,7 @@ import orjson
 from broker.models import JobSpec, OfferSource, Quote, source_label_at
 from broker.perf import job_hours, preemption_overhead, step_shape, transfer_hours
 from policies.assembly import assemblable, assemble
-from policies.book import FABRICS, MARKETS, OWNED, SOURCES, OfferBook
+from policies.book import FABRICS, MARKETS, OWNED, PRUNE_MIN_ROWS, SOURCES, OfferBook
 from policies.constraints import CHECKS, CODE_OF, Screen, describe, group_checks, job_node_price, screen
 
 # Moving data out of a site whose offers declare no egress price (a cloud region's internet
@@ -80,10 +80,9 @@ def _missing_models(book: OfferBook, spec: JobSpec) -> list[str]:
     return [m for m in spec.gpu if book.gpu_code(m) is None]
 
 
-# The pruned path (PrunedView, policies/book.py) pays off only on a large book with many candidate rows;
-# below these it is the plain pass (and the small books of real use never build a view).
-PRUNE_MIN_ROWS = 20_000  # candidate rows (of the groups the job's group checks let through)
-PRUNE_MAX_SHARE = 0.5  # only when the book folds to at most half its rows
+# The pruned path (PrunedView, policies/book.py) pays off only on a large book (PRUNE_MIN_ROWS offers, and
+# as many candidate rows after the job's group checks) that folds to at most this share of its rows.
+PRUNE_MAX_SHARE = 0.5
 
 
 @dataclass

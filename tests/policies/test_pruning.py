@@ -118,7 +118,7 @@ def jobs(draw: st.DrawFn) -> dict[str, Any]:
     return spec
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(book=books(), job=jobs(), top=st.sampled_from([1, 3, 10]))
 def test_pruned_quote_is_the_plain_quote(book: OfferBook, job: dict[str, Any], top: int) -> None:
     spec = parse_spec(job)
@@ -182,7 +182,7 @@ def twin_books(draw: st.DrawFn, field: str) -> OfferBook:
 
 
 @pytest.mark.parametrize("field", SHAPE_FIELDS)
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_pruning_two_shapes_one_field_apart(field: str, data: st.DataObject) -> None:
     book = data.draw(twin_books(field))

@@ -10,6 +10,8 @@ Prints, for SQLite and PostgreSQL:
 
 Targets (issue 8): ≥ 50,000 points/s into SQLite; ≤ 50 ms for the 7-day history of one GPU
 model over 1,000,000 points (both read paths are printed; the target holds for each).
+Beside the ingest rate, its reference in the same run and database: the bare rows inserted into an
+unindexed scratch table in the same batches. The load average is printed at the start and the end.
 Wall time and this process's CPU time are both printed: on a shared machine the wall
 figures measure the neighbours too (PostgreSQL's own CPU is not in the client figure).
 
@@ -129,6 +131,29 @@ def ingest(store: Store, points: list[PricePoint], batch: int) -> tuple[int, flo
     return stored, time.perf_counter() - t0, time.process_time() - c0
 
 
+def insert_floor(store: Store, points: list[PricePoint], batch: int) -> float:
+    """The reference for the ingest rate, same run, same database: the points' bare rows (series number,
+    microseconds, price, count) inserted into a scratch table with no index, in the same batches, one
+    executemany each — what any ingest must at least pay, with no series resolved and no duplicate
+    dropped. Returns points per second (wall)."""
+    rows = [{"s": i % 1480, "t": i, "p": p.usd_per_hour, "c": p.count} for i, p in enumerate(points)]
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE bench_floor (s integer, t bigint, p double precision, c integer)")
+    insert = sa.text("INSERT INTO bench_floor (s, t, p, c) VALUES (:s, :t, :p, :c)")
+    t0 = time.perf_counter()
+    for i in range(0, len(rows), batch):
+        with store.engine.begin() as conn:
+            conn.execute(insert, rows[i : i + batch])
+    wall = time.perf_counter() - t0
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE bench_floor")
+    return len(rows) / wall
+
+
+def load() -> str:
+    return "load average " + " / ".join(f"{x:.1f}" for x in os.getloadavg()) + " (1 / 5 / 15 min)"
+
+
 def query_latency(read: Callable[..., list[Any]], gpu: str, runs: int) -> tuple[float, float, float, int]:
     """(median wall ms, p99 wall ms, median CPU ms, items) of ``read(gpu=gpu, since=now - 7 days)``."""
     since = datetime.now(UTC) - timedelta(days=7)
@@ -172,6 +197,9 @@ def run(name: str, url: str, points: list[PricePoint], batch: int, gpus: list[st
             f"{name:8s} ingest: {stored:,} points in {wall:.1f} s wall = {stored / wall:,.0f} points/s "
             f"(client CPU {cpu:.1f} s = {stored / cpu:,.0f} points/s; batches of {batch:,})"
         )
+        floor = insert_floor(store, points, batch)
+        print(f"{name:8s} reference, same run: bare rows into an unindexed table {floor:,.0f} points/s "
+              f"(ingest = {stored / wall / floor:.2f}× the reference)")
         again = store.add_price_points(points[-batch:])
         print(f"{name:8s} re-ingest of the last batch stored {again} (dedup)")
         for gpu in gpus:
@@ -207,7 +235,7 @@ def main() -> int:
     gc.freeze()
     print(
         f"generated {len(points):,} points in {len(make_series()):,} series "
-        f"({time.perf_counter() - t0:.1f} s, not counted)"
+        f"({time.perf_counter() - t0:.1f} s, not counted); {os.cpu_count()} CPUs, {load()}"
     )
     backends = args.backends.split(",")
     gpus = args.gpu.split(",")
@@ -233,6 +261,7 @@ def main() -> int:
             with admin.connect() as conn:
                 conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
             admin.dispose()
+    print(load(), "at the end")
     return 0
 
 

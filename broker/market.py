@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
@@ -37,7 +38,7 @@ from pydantic import BaseModel, Field
 from broker.errors import BadRequestError, CapacityError, ProviderAuthError, ProviderError, QuotaError
 from broker.models import Offer, OfferSource, Perf, utcnow
 from policies.assembly import combine, is_assembled, member_ids
-from policies.book import OfferBook
+from policies.book import PRUNE_MIN_ROWS, OfferBook
 from providers.base import OfferQuery, Provider, matches
 from providers.capabilities import AssemblesNodes, Launches, Snapshot
 
@@ -433,6 +434,12 @@ class Marketplace:
         if self._book is None or key != self._book_key:
             self._book = self._base_book.with_health(unhealthy_hosts, preemption_rates)
             self._book_key = key
+            if len(self._book) >= PRUNE_MIN_ROWS:
+                # Fold the new book by shape (policies/book.py, PrunedView) off the event loop, now: at a
+                # million offers it takes a second or more, which the first `gpu: any` quote would otherwise
+                # spend holding up every request. numpy lets go of the GIL in the sorts that cost most; a
+                # quote that comes first folds it itself (the same view; whichever is kept is right).
+                threading.Thread(target=self._book.pruned, name="lockstep-fold-book", daemon=True).start()
         return self._book
 
     def find(self, offer_id: str) -> Offer | None:

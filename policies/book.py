@@ -199,6 +199,62 @@ class Groups:
         return list(zip(self.start[first].tolist(), stops.tolist(), strict=True))
 
 
+def _groups(cols: Mapping[str, np.ndarray], n: int) -> Groups:
+    """The index's groups over columns already sorted by (gpu, market, provider, region)."""
+    key = np.stack([cols["gpu"], cols["market"].astype(np.int32), cols["provider"], cols["region"]])
+    change = np.flatnonzero((key[:, 1:] != key[:, :-1]).any(axis=0)) + 1 if n else np.zeros(0, np.int64)
+    start = np.concatenate(([0], change)).astype(np.int64) if n else np.zeros(0, np.int64)
+    size = np.diff(np.append(start, n)).astype(np.int64)
+    return Groups(gpu=cols["gpu"][start], market=cols["market"][start], provider=cols["provider"][start],
+                  region=cols["region"][start], start=start, size=size)
+
+
+# What makes two offers the same *shape* for the ranking: every column the constraints and the cost model
+# read except the price (policies/constraints.py, policies/ranking.py; derived columns such as fabric_eff
+# and intra_bw follow from one here). Two offers of one shape pass the same checks and take the same
+# hours for any job, so the dearer one can never rank ahead of the cheaper (see PrunedView).
+SHAPE_COLUMNS = ("gpu", "market", "provider", "region", "site", "unhealthy", "no_image", "gpu_mem", "gpu_count",
+                 "max_nodes", "coloc", "fabric", "fabric_gbps", "fabric_lat", "intra", "reliability",
+                 "interruptible", "divisible", "tflops", "download_gbps", "preempt_rate", "queue", "stale", "source")
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+# Below this many offers (and candidate rows for a job) a quote takes the plain pass and no view is built:
+# the small books of everyday use never fold (policies/ranking.py).
+PRUNE_MIN_ROWS = 20_000
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """A column as uint64 words, equal exactly when the values are (floats by their bit pattern)."""
+    if a.dtype.kind == "f":
+        return np.ascontiguousarray(a, dtype=np.float64).view(np.uint64)
+    return a.astype(np.uint64)
+
+
+@dataclass(frozen=True)
+class PrunedView:
+    """The book folded by shape: one row per shape class (its cheapest offer), and every class's offers,
+    cheapest first.
+
+    Within a class the offers differ only in price (and id, and what only names them: SKU, zone, host), so
+    for any job they pass or fail the non-price checks together, take the same hours and rank by price.
+    Hence the top N offers of the whole book lie among the first N offers (by price, then book row) of the
+    classes whose cheapest offer is in the top N of ``reps`` — a book of one row per class, which the
+    ranking screens and prices instead of every offer (policies/ranking.py). Built once per book version
+    (a refresh, a change of health or spot rates), on the first quote that wants it."""
+
+    reps: OfferBook  # per class its cheapest offer (lowest book row among equal prices), in book order
+    size: np.ndarray  # per reps row: offers in its class
+    start: np.ndarray  # per reps row: where its class begins in ``members``
+    members: np.ndarray  # book rows, class by class in reps order, each class by (price, row)
+
+    def first(self, rep_rows: np.ndarray, n: int) -> np.ndarray:
+        """The book rows of the first ``n`` offers of each class in ``rep_rows``, ascending."""
+        take = np.minimum(self.size[rep_rows], n)
+        total = int(take.sum())
+        ends = np.cumsum(take)
+        pos = np.arange(total, dtype=np.int64) + np.repeat(self.start[rep_rows] - (ends - take), take)
+        return np.sort(self.members[pos])
+
+
 class OfferRow:
     """A read-only view of one book row with the attributes the reasons and options read (an Offer's
     names): no object per row exists until a caller asks for a row."""
@@ -306,6 +362,7 @@ class OfferBook:
     # job (policies/assembly.py): set by the market from the AssemblesNodes capability.
     assemblers: frozenset[str] = frozenset()
     _folded_gpus: dict[str, int] | None = None
+    _pruned: PrunedView | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -404,14 +461,7 @@ class OfferBook:
         cols["preempt_rate"] = np.where(cols["interruptible"], DEFAULT_SPOT_PREEMPTIONS_PER_HOUR, 0.0)
         cols["unhealthy"] = np.zeros(n, dtype=bool)
 
-        # Group boundaries of the index.
-        key = np.stack([cols["gpu"], cols["market"].astype(np.int32), cols["provider"], cols["region"]])
-        change = np.flatnonzero((key[:, 1:] != key[:, :-1]).any(axis=0)) + 1 if n else np.zeros(0, np.int64)
-        start = np.concatenate(([0], change)).astype(np.int64) if n else np.zeros(0, np.int64)
-        size = np.diff(np.append(start, n)).astype(np.int64)
-        groups = Groups(gpu=cols["gpu"][start], market=cols["market"][start], provider=cols["provider"][start],
-                        region=cols["region"][start], start=start, size=size)
-
+        groups = _groups(cols, n)
         site_egress = np.zeros(max(len(codes["site"]), 1))
         if n:
             np.maximum.at(site_egress, cols["site"], cols["egress"])
@@ -459,7 +509,49 @@ class OfferBook:
                 rate[hit] = values[pos[hit]]
         cols["preempt_rate"] = rate
         bad_rows = np.flatnonzero(unhealthy)
-        return replace(self, cols=cols, any_unhealthy=bool(len(bad_rows)), unhealthy_rows=bad_rows)
+        return replace(self, cols=cols, any_unhealthy=bool(len(bad_rows)), unhealthy_rows=bad_rows, _pruned=None)
+
+    def subset(self, rows: np.ndarray) -> OfferBook:
+        """Rows ``rows`` (ascending) as a book of their own that ranks them exactly as this book does: the
+        same interned codes and book-wide figures (egress per site), its own index."""
+        cols = {k: v[rows] for k, v in self.cols.items()}
+        listed = rows.tolist()
+        nodes = {j: self.nodes[r] for j, r in enumerate(listed) if r in self.nodes} if self.nodes else {}
+        bad_rows = np.flatnonzero(cols["unhealthy"])
+        return OfferBook(
+            cols=cols, codes=self.codes, ids=[self.ids[r] for r in listed], groups=_groups(cols, len(listed)),
+            nodes=nodes, source=self.source, order=None if self.order is None else self.order[rows],
+            site_egress=self.site_egress, owned_egress=self.owned_egress, gpu_vendor=self.gpu_vendor,
+            any_unhealthy=bool(len(bad_rows)), unhealthy_rows=bad_rows, any_divisible=self.any_divisible,
+            any_queue=self.any_queue, assemblers=self.assemblers)
+
+    def pruned(self) -> PrunedView:
+        """This book folded by shape (:class:`PrunedView`), built on first use and kept with the book."""
+        if self._pruned is None:
+            self._pruned = self._prune()
+        return self._pruned
+
+    def _prune(self) -> PrunedView:
+        n = len(self)
+        cols = self.cols
+        words = [_bits(cols[name]) for name in SHAPE_COLUMNS]
+        h = np.zeros(n, dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            for w in words:  # a 64-bit hash of the shape, then checked word by word (no collision trusted)
+                h = (h ^ w) * _MIX
+                h ^= h >> np.uint64(29)
+        _, first, klass = np.unique(h, return_index=True, return_inverse=True)
+        if any((w != w[first][klass]).any() for w in words):  # a hash collision: sort by the words themselves
+            _, first, klass = np.unique(np.stack(words, axis=1), axis=0, return_index=True, return_inverse=True)
+        klass = klass.reshape(-1)
+        # Members class by class, each cheapest first (then by book row); a class's first member is its rep.
+        members = np.lexsort((np.arange(n), cols["price"], klass))
+        size_by_class = np.bincount(klass, minlength=len(first))
+        start_by_class = np.concatenate(([0], np.cumsum(size_by_class)[:-1])).astype(np.int64)
+        reps_rows = members[start_by_class]
+        by_row = np.argsort(reps_rows)  # reps in book order (the order ties are broken by)
+        return PrunedView(reps=self.subset(reps_rows[by_row]), size=size_by_class[by_row],
+                          start=start_by_class[by_row], members=members)
 
     # ------------------------------------------------------------------ reading
 

@@ -206,13 +206,22 @@ def _group_checks(book: OfferBook, spec: JobSpec) -> np.ndarray:
     return codes
 
 
-def screen(book: OfferBook, spec: JobSpec, *, members: bool = False) -> Screen:
+def group_checks(book: OfferBook, spec: JobSpec) -> np.ndarray:
+    """Per index group: 0 when its rows go on to the row checks, else the check the whole group breaks
+    (what :func:`screen` starts from; a caller that looks first hands them back to it)."""
+    return _group_checks(book, spec)
+
+
+def screen(book: OfferBook, spec: JobSpec, *, members: bool = False,
+           group_codes: np.ndarray | None = None) -> Screen:
     """The constraints over ``book``: group checks on the index, row checks on the rows that remain.
 
     ``members``: screen rows as single machines of an assembly (policies/assembly.py): the node count,
-    co-location and price cap are the assembly's to meet, not each machine's."""
+    co-location and price cap are the assembly's to meet, not each machine's. ``group_codes``: what
+    :func:`group_checks` gave for this book and spec, when the caller has it already."""
     assert spec.gpus_per_node is not None
-    group_codes = _group_checks(book, spec)
+    if group_codes is None:
+        group_codes = _group_checks(book, spec)
     which = group_codes == 0
     runs = book.groups.runs(which)
     if len(runs) <= MAX_RUNS:  # a few stretches of rows: slices (views, or one copy each), no gathers

@@ -12,16 +12,18 @@ only the options shown and the rejections written out become objects.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+import orjson
 
-from broker.models import JobSpec, Quote, source_label_at
+from broker.models import JobSpec, OfferSource, Quote, source_label_at
 from broker.perf import job_hours, preemption_overhead, step_shape, transfer_hours
 from policies.assembly import assemblable, assemble
-from policies.book import FABRICS, MARKETS, OWNED, SOURCES, OfferBook
-from policies.constraints import CODE_OF, describe, job_node_price, screen
+from policies.book import FABRICS, MARKETS, OWNED, PRUNE_MIN_ROWS, SOURCES, OfferBook
+from policies.constraints import CHECKS, CODE_OF, Screen, describe, group_checks, job_node_price, screen
 
 # Moving data out of a site whose offers declare no egress price (a cloud region's internet
 # egress list price is $0.05-0.12/GB; $0.09 is the common first tier). Owned sites: your own uplink.
@@ -78,6 +80,47 @@ def _missing_models(book: OfferBook, spec: JobSpec) -> list[str]:
     return [m for m in spec.gpu if book.gpu_code(m) is None]
 
 
+# The pruned path (PrunedView, policies/book.py) pays off only on a large book (PRUNE_MIN_ROWS offers, and
+# as many candidate rows after the job's group checks) that folds to at most this share of its rows.
+PRUNE_MAX_SHARE = 0.5
+
+
+@dataclass
+class QuoteParts:
+    """A quote as plain data, built once from the book's columns: every value comes from the book or from the
+    code here, already of its field's type. :meth:`json` gives the API's text straight from these values,
+    with no model made or validated (orjson: the same bytes pydantic writes, at a fraction of the cost);
+    :meth:`model` gives the :class:`Quote` Python callers (the router, the CLI) use."""
+
+    job: JobSpec
+    options: list[dict[str, Any]]
+    rejected: list[dict[str, Any]]
+    rejected_counts: dict[str, int]
+    notes: list[str]
+    offers_considered: int
+    feasible_sources: dict[str, dict[str, int]]
+    at: datetime
+
+    def model(self) -> Quote:
+        # One call into pydantic-core for the whole answer: measured 2-3× faster than model_construct of
+        # the nested options (model_construct runs in Python, field by field, per object).
+        return Quote.model_validate({
+            "job": self.job, "options": self.options, "rejected": self.rejected,
+            "rejected_counts": self.rejected_counts, "notes": self.notes, "offers_considered": self.offers_considered,
+            "feasible_sources": self.feasible_sources, "at": self.at})
+
+    def json(self, job_json: str | None = None) -> str:
+        """The answer as JSON text, fields in the model's order; ``job_json``: the spec's own JSON when the
+        caller has it already (the API keys its reuse of answers by it)."""
+        rest = orjson.dumps({
+            "options": self.options, "rejected": self.rejected, "rejected_counts": self.rejected_counts,
+            "notes": self.notes, "offers_considered": self.offers_considered,
+            "feasible_sources": self.feasible_sources, "at": self.at,
+        }, option=orjson.OPT_UTC_Z).decode()
+        job = self.job.model_dump_json() if job_json is None else job_json
+        return '{"job":' + job + "," + rest[1:]
+
+
 def quote(
     book: OfferBook,
     spec: JobSpec,
@@ -93,7 +136,23 @@ def quote(
     A multi-node job that may run on scattered machines also gets the options assembled from the single
     machines of ``book.assemblers`` (policies/assembly.py), ranked by the same model; ``exclude``: offer ids
     of machines that are taken, which no assembly may use."""
-    q = _quote(book, spec, now=now, top=top, max_rejected=max_rejected)
+    return quote_parts(book, spec, now=now, top=top, max_rejected=max_rejected, exclude=exclude).model()
+
+
+def quote_parts(
+    book: OfferBook,
+    spec: JobSpec,
+    *,
+    now: datetime,
+    top: int = 10,
+    max_rejected: int | None = None,
+    exclude: Collection[str] = (),
+    prune: bool | None = None,
+) -> QuoteParts:
+    """:func:`quote` as :class:`QuoteParts` (what the API serialises without making models). ``prune``:
+    rank through the book folded by shape (PrunedView) whenever that is exact (True), never (False), or
+    when it is exact and pays (None: a large book with many candidate rows)."""
+    q = _quote(book, spec, now=now, top=top, max_rejected=max_rejected, prune=prune)
     if not (book.assemblers and assemblable(spec)):
         return q
     extra = assemble(book, spec, exclude=exclude)
@@ -101,25 +160,32 @@ def quote(
         return q
     aq = _quote(extra, spec, now=now, top=top, max_rejected=0)
     note = f"assembled from {spec.nodes} separately rented machines: ethernet over the internet between them"
-    assembled = [o.model_copy(update={"breakdown": o.breakdown.model_copy(
-        update={"notes": [*o.breakdown.notes, note]})}) if o.breakdown else o for o in aq.options]
-    options = sorted([*q.options, *assembled], key=lambda o: (o.expected_cost_usd, o.stale, o.expected_hours))
+    assembled = [{**o, "breakdown": {**o["breakdown"], "notes": [*o["breakdown"]["notes"], note]}}
+                 for o in aq.options]
+    options = sorted([*q.options, *assembled], key=lambda o: (o["expected_cost_usd"], o["stale"], o["expected_hours"]))
     counts = dict(q.rejected_counts)
     for code, count in aq.rejected_counts.items():
         counts[f"{code} (assembled)"] = counts.get(f"{code} (assembled)", 0) + count
-    return q.model_copy(update={"options": options[:top], "rejected_counts": counts,
-                                "notes": [*q.notes, f"{len(extra)} option(s) assembled from single machines"]})
+    q.options, q.rejected_counts = options[:top], counts
+    q.notes = [*q.notes, f"{len(extra)} option(s) assembled from single machines"]
+    return q
 
 
-def _quote(
-    book: OfferBook,
-    spec: JobSpec,
-    *,
-    now: datetime,
-    top: int,
-    max_rejected: int | None,
-) -> Quote:
-    sc = screen(book, spec)
+@dataclass
+class _Ranked:
+    """One pass of the constraints and the cost model over a book."""
+
+    sc: Screen
+    idx: np.ndarray  # feasible rows after the screen (book rows)
+    pos: np.ndarray  # their positions among ``sc.rows``
+    keep: np.ndarray  # positions in ``idx`` that meet the deadline and the budget too
+    shown: np.ndarray  # positions in ``idx`` of the options, best first
+    figures: dict[str, np.ndarray]  # per shown option
+
+
+def _rank(book: OfferBook, spec: JobSpec, now: datetime, top: int,
+          group_codes: np.ndarray | None = None) -> _Ranked:
+    sc = screen(book, spec, group_codes=group_codes)
     pos = np.flatnonzero(sc.codes == 0)  # feasible, as positions among the screened rows
     idx = sc.rows[pos]
     nodes, gpn = spec.nodes, spec.gpus_per_node
@@ -160,58 +226,131 @@ def _quote(
         late |= over
     keep = np.flatnonzero(~late)
 
+    # The order: cheapest to the cent first; then fresh before stale, sooner before later, the exact cost,
+    # the lower price, the book row. Only the rows that can be among the first ``top`` are sorted: those
+    # whose cost to the cent is at most the top-th lowest's (every tie at the cut kept).
     costs = cost[keep]
-    if len(keep) > top:  # only the top few need a full sort
-        head = np.argpartition(costs, top - 1)[:top]
-        head = np.flatnonzero(costs <= costs[head].max())  # keep ties at the cut so the order stays stable
+    if len(keep) > top:
+        cut = float(np.round(costs[np.argpartition(costs, top - 1)[top - 1]], 2))
+        near = np.flatnonzero(costs <= cut + 0.01)  # a superset: rounding moves a cost by at most half a cent
+        head = near[np.round(costs[near], 2) <= cut]
     else:
         head = np.arange(len(keep))
-    chosen = keep[head]
-    # Cheapest to the cent first; then fresh before stale, sooner before later, and the exact cost.
-    sub = np.lexsort((cost[chosen], wall[chosen], book["stale"][idx[chosen]], np.round(cost[chosen], 2)))
+    chosen = keep[head]  # ascending, so the stable sort leaves equal keys in book order
+    rows = idx[chosen]
+    sub = np.lexsort((book["price"][rows], cost[chosen], wall[chosen], book["stale"][rows], np.round(cost[chosen], 2)))
     shown = chosen[sub][:top]
-    options = _options(book, idx[shown], nodes, gpn, now, price=job_price[shown], wall=wall[shown], cost=cost[shown],
-                       comp=np.broadcast_to(comp, cost.shape)[shown], comm=np.broadcast_to(comm_h, cost.shape)[shown],
-                       lost=lost[shown], egress=egress_usd[shown], billed=billed_hours[shown])
+    figures = {"price": job_price[shown], "wall": wall[shown], "cost": cost[shown],
+               "comp": _pick(comp, shown), "comm": _pick(comm_h, shown),
+               "lost": lost[shown], "egress": egress_usd[shown], "billed": billed_hours[shown]}
+    return _Ranked(sc, idx, pos, keep, shown, figures)
+
+
+def _pick(values: np.ndarray | float, shown: np.ndarray) -> np.ndarray:
+    """``values`` at ``shown``: a column of the feasible rows, or one figure the same for all of them."""
+    if isinstance(values, np.ndarray) and values.ndim:
+        picked: np.ndarray = values[shown]
+        return picked
+    return np.full(len(shown), float(values))
+
+
+def _exact_when_pruned(spec: JobSpec, max_rejected: int | None) -> bool:
+    """Whether the pruned view answers this quote exactly: no rejection spelled out (those name single
+    offers) and no check that depends on the price (a price cap or a budget splits a shape class)."""
+    return max_rejected == 0 and spec.max_usd_per_hour is None and spec.max_total_usd is None
+
+
+def _quote(
+    book: OfferBook,
+    spec: JobSpec,
+    *,
+    now: datetime,
+    top: int,
+    max_rejected: int | None,
+    prune: bool | None = None,
+) -> QuoteParts:
+    group_codes = None
+    if prune is not False and _exact_when_pruned(spec, max_rejected):
+        if prune:
+            return _quote_pruned(book, spec, now=now, top=top)
+        if len(book) >= PRUNE_MIN_ROWS:  # pays only with many candidate rows, on a book that folds well
+            group_codes = group_checks(book, spec)
+            candidates = int(book.groups.size[group_codes == 0].sum())
+            if candidates >= PRUNE_MIN_ROWS and len(book.pruned().reps) <= PRUNE_MAX_SHARE * len(book):
+                return _quote_pruned(book, spec, now=now, top=top)
+    r = _rank(book, spec, now, top, group_codes)
+    idx, sc = r.idx, r.sc
+    options = _options(book, idx[r.shown], spec.nodes, spec.gpus_per_node or 1, now, **r.figures)
     rows, codes = sc.rejected(max_rejected)
-    text = {k: book.texts(k, rows) for k in ("provider", "sku", "region", "zone")}
-    rejected = []
-    for j, (i, c) in enumerate(zip(rows.tolist(), codes.tolist(), strict=True)):
-        code, reason = describe(c, book.row(i), spec)
-        rejected.append({"provider": text["provider"][j], "sku": text["sku"][j], "region": text["region"][j],
-                         "zone": text["zone"][j], "offer_id": book.ids[i], "code": code, "reason": reason})
+    rejected: list[dict[str, Any]] = []
+    if len(rows):
+        text = {k: book.texts(k, rows) for k in ("provider", "sku", "region", "zone")}
+        for j, (i, c) in enumerate(zip(rows.tolist(), codes.tolist(), strict=True)):
+            code, reason = describe(c, book.row(i), spec)
+            rejected.append({"provider": text["provider"][j], "sku": text["sku"][j], "region": text["region"][j],
+                             "zone": text["zone"][j], "offer_id": book.ids[i], "code": code, "reason": reason})
+    return _parts(book, spec, now, options, rejected, sc.counts(), _by_source(book, idx[r.keep]))
+
+
+def _parts(book: OfferBook, spec: JobSpec, now: datetime, options: list[dict[str, Any]],
+           rejected: list[dict[str, Any]], counts: dict[str, int],
+           by_source: dict[str, dict[str, int]]) -> QuoteParts:
     missing = _missing_models(book, spec)
-    by_source = _by_source(book, idx[keep])
-    # One validation call for the whole answer (per-object constructors cost 3-10× more).
-    return Quote.model_validate({
-        "job": spec, "options": options, "rejected": rejected, "rejected_counts": sc.counts(),
-        "offers_considered": len(book), "at": now, "feasible_sources": by_source,
-        "notes": [f"no market offers {', '.join(missing)}"] if missing else [],
-    })
+    return QuoteParts(job=spec, options=options, rejected=rejected, rejected_counts=counts,
+                      notes=[f"no market offers {', '.join(missing)}"] if missing else [],
+                      offers_considered=len(book), feasible_sources=by_source, at=now)
 
 
-def _by_source(book: OfferBook, rows: np.ndarray) -> dict[str, dict[str, int]]:
-    """Feasible rows per market (``provider``) and price source: {"aws": {"live": 12, "snapshot": 3}}."""
+def _quote_pruned(book: OfferBook, spec: JobSpec, *, now: datetime, top: int) -> QuoteParts:
+    """The same answer as the plain pass, from the book folded by shape (PrunedView): rank one row per
+    class, then rank again the first ``top`` offers of the classes of the ``top`` best; the counts are
+    the classes' codes weighted by their sizes (no check here depends on the price, see _exact_when_pruned)."""
+    view = book.pruned()
+    reps = view.reps
+    first = _rank(reps, spec, now, top)
+    rows = view.first(first.idx[first.shown], top)
+    r = _rank(book.subset(rows), spec, now, top) if len(rows) else None
+    options = [] if r is None else _options(book, rows[r.idx[r.shown]], spec.nodes, spec.gpus_per_node or 1, now,
+                                            **r.figures)
+    codes = first.sc.all_codes()
+    freq = np.bincount(codes, weights=view.size, minlength=len(CHECKS) + 1)
+    counts = {CHECKS[v - 1].code: int(freq[v]) for v in range(1, len(freq)) if freq[v]}
+    feasible = first.idx[first.keep]
+    by_source = _by_source(reps, feasible, weights=view.size[feasible])
+    return _parts(book, spec, now, options, [], counts, by_source)
+
+
+def _by_source(book: OfferBook, rows: np.ndarray, weights: np.ndarray | None = None) -> dict[str, dict[str, int]]:
+    """Feasible rows per market (``provider``) and price source: {"aws": {"live": 12, "snapshot": 3}};
+    ``weights``: how many offers each row stands for (a shape class of the pruned view)."""
     if not len(rows):
         return {}
     names = book.providers.names
     key = book["provider"][rows] * len(SOURCES) + book["source"][rows]  # int32: one pass, no sort
-    counts = np.bincount(key, minlength=len(names) * len(SOURCES))
+    counts = np.bincount(key, weights=weights, minlength=len(names) * len(SOURCES))
     out: dict[str, dict[str, int]] = {}
     for k in np.flatnonzero(counts).tolist():
         out.setdefault(names[k // len(SOURCES)], {})[SOURCES[k % len(SOURCES)].value] = int(counts[k])
     return out
 
 
+# Enum members' text, looked up once: an enum's ``.value`` is a Python-level property, and orjson reads it
+# for every enum it writes (three per option).
+_MARKET_TEXT = tuple(m.value for m in MARKETS)
+_FABRIC_TEXT = tuple(f.value for f in FABRICS)
+_LIVE = OfferSource.live.value
+
+
 def _options(book: OfferBook, rows: np.ndarray, nodes: int, gpn: int, now: datetime,
              **figures: np.ndarray) -> list[dict[str, Any]]:
-    """The options shown, as data for QuoteOption: only these rows become objects."""
+    """The options shown, as data for QuoteOption (enums as their text): only these rows become objects."""
     c = book.cols
     f = {k: v.tolist() for k, v in figures.items()}
     text = {k: book.texts(k, rows) for k in ("provider", "sku", "region", "zone", "cluster", "gpu", "perf_source")}
     num = {k: c[k][rows].tolist() for k in ("market", "fabric", "fabric_gbps", "interruptible", "stale", "queue",
                                              "measured", "tflops", "source", "observed_at")}
     now_ts = now.timestamp()
+    stamps: dict[tuple[int, float], tuple[str, datetime, str]] = {}  # most options share a snapshot's
     out = []
     for j, i in enumerate(rows.tolist()):
         perf_source, tflops = text["perf_source"][j], num["tflops"][j]
@@ -220,22 +359,27 @@ def _options(book: OfferBook, rows: np.ndarray, nodes: int, gpn: int, now: datet
             notes.append(f"measured {tflops:.0f} TFLOP/s per GPU ({perf_source})")
         elif perf_source == "dlperf":
             notes.append(f"speed prior from dlperf: {tflops:.0f} TFLOP/s per GPU")
-        source, observed_ts = SOURCES[num["source"][j]], num["observed_at"][j]
+        observed_ts = num["observed_at"][j]
         age = now_ts - observed_ts
-        label = source_label_at(source, observed_ts, age)
+        stamp = stamps.get((num["source"][j], observed_ts))
+        if stamp is None:
+            kind = SOURCES[num["source"][j]]
+            stamp = stamps[num["source"][j], observed_ts] = (
+                kind.value, datetime.fromtimestamp(observed_ts, UTC), source_label_at(kind, observed_ts, age))
+        source, observed_at, label = stamp
         if num["stale"][j]:
             notes.append("offer is stale: its provider did not answer the last refresh")
-        if source.value != "live":
+        if source != _LIVE:
             notes.append(f"price: {label}")
         out.append({
-            "offer_id": book.ids[i], "provider": text["provider"][j], "market": MARKETS[num["market"][j]],
+            "offer_id": book.ids[i], "provider": text["provider"][j], "market": _MARKET_TEXT[num["market"][j]],
             "sku": text["sku"][j], "region": text["region"][j], "zone": text["zone"][j],
             "cluster": text["cluster"][j], "nodes": nodes, "gpus_per_node": gpn, "gpu": text["gpu"][j],
-            "fabric": FABRICS[num["fabric"][j]], "fabric_gbps": num["fabric_gbps"][j],
+            "fabric": _FABRIC_TEXT[num["fabric"][j]], "fabric_gbps": num["fabric_gbps"][j],
             "usd_per_hour": round(f["price"][j], 4), "expected_hours": round(f["wall"][j], 4),
             "expected_cost_usd": round(f["cost"][j], 2), "interruptible": num["interruptible"][j],
             "stale": num["stale"][j], "perf_source": perf_source, "source": source,
-            "observed_at": datetime.fromtimestamp(observed_ts, UTC), "age_s": round(age, 1), "source_label": label,
+            "observed_at": observed_at, "age_s": round(age, 1), "source_label": label,
             "breakdown": {
                 "compute_hours": round(f["comp"][j], 4), "comm_hours": round(f["comm"][j], 4),
                 "queue_wait_hours": round(num["queue"][j], 4), "preemption_overhead_hours": round(f["lost"][j], 4),

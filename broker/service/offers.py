@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from broker.market import ProviderHealth
     from policies.book import OfferBook
     from policies.offers import OfferFilter
+    from policies.ranking import QuoteParts
 
 
 
@@ -24,23 +25,28 @@ class OffersService(Runtime):
         return self._rank(book, spec, top, max_rejected)
 
     def _rank(self, book: OfferBook, spec: JobSpec, top: int, max_rejected: int | None) -> Quote:
-        from policies.ranking import quote as rank_quote
+        return self._parts(book, spec, top, max_rejected).model()
+
+    def _parts(self, book: OfferBook, spec: JobSpec, top: int, max_rejected: int | None) -> QuoteParts:
+        from policies.ranking import quote_parts
 
         started = time.perf_counter()
-        result = rank_quote(book, spec, now=self.clock(), top=top, max_rejected=max_rejected)
+        result = quote_parts(book, spec, now=self.clock(), top=top, max_rejected=max_rejected)
         if self.quote_observer:
             self.quote_observer(time.perf_counter() - started)
         return result
 
     async def quote_json(self, spec: JobSpec, *, top: int = 10, max_rejected: int | None = None) -> str:
-        """:meth:`quote` as JSON text (what the API answers). The same spec, ``top`` and ``max_rejected`` on
-        the same book (same refresh, node health and spot risk) within ``QUOTE_REUSE_S`` get the same text,
-        ranked and serialised once (its ``at`` says when). A refresh, a drain or new spot rates make a new
-        book, and a new book forgets every quote of the old one."""
+        """:meth:`quote` as JSON text (what the API answers), written straight from the ranking's values (no
+        Quote model made, nothing validated twice). The same spec, ``top`` and ``max_rejected`` on the same
+        book (same refresh, node health and spot risk) within ``QUOTE_REUSE_S`` get the same text, ranked and
+        serialised once (its ``at`` says when). A refresh, a drain or new spot rates make a new book, and a
+        new book forgets every quote of the old one."""
         await self.ensure_offers()
         book = self.market.book(unhealthy_hosts=await self.unhealthy_nodes(), preemption_rates=self.preemption_rates())
-        return self._quote_texts.get(book, (spec.model_dump_json(), top, max_rejected),
-                                     lambda: self._rank(book, spec, top, max_rejected).model_dump_json())
+        job_json = spec.model_dump_json()  # the key of the reuse, and the answer's "job" as it is
+        return self._quote_texts.get(book, (job_json, top, max_rejected),
+                                     lambda: self._parts(book, spec, top, max_rejected).json(job_json))
 
     async def offers(self, f: OfferFilter, limit: int | None = None) -> list[Offer]:
         """The offer book narrowed by ``f``, cheapest per GPU-hour first. Offers on a node marked unhealthy

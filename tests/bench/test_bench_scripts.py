@@ -18,6 +18,8 @@ def test_ingest_bench_prints_rates_and_latencies() -> None:
     stored = int(re.search(r"sqlite\s+ingest: ([\d,]+) points", out).group(1).replace(",", ""))  # type: ignore[union-attr]
     assert stored == 5920  # 1,480 series x 4 points: every generated point is a change
     assert "re-ingest of the last batch stored 0 (dedup)" in out
+    assert re.search(r"reference, same run: bare rows into an unindexed table [\d,]+ points/s \(ingest = [\d.]+×", out)
+    assert re.search(r"load average [\d.]+ / [\d.]+ / [\d.]+ \(1 / 5 / 15 min\) at the end", out)
     assert re.search(r"7-day history for 'H100-SXM': [\d,]+ points in \d+ series", out)
     assert len(re.findall(r"as PriceSeries \(columns\): median [\d.]+ ms", out)) == 2
     assert len(re.findall(r"as PricePoint per point:  median [\d.]+ ms", out)) == 2

@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_rank_bench_prints_figures_beside_references() -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "rank.py"), "--offers", "3000", "--big", "30000", "--jobs", "40",
-         "--runs", "2", "--repeat", "4"],
+        [sys.executable, str(ROOT / "bench" / "rank.py"), "--offers", "3000", "--mid", "0", "--big", "30000",
+         "--jobs", "40", "--runs", "2", "--repeat", "4"],
         capture_output=True, text=True, timeout=600, check=True, cwd=ROOT,
     ).stdout
     assert "offers in book:              3,000" in out
@@ -28,5 +28,9 @@ def test_rank_bench_prints_figures_beside_references() -> None:
     assert re.search(rf"`gpu: any` ≥ 24 GB, 1 GPU: {figure}", out)
     assert re.search(r"gpuhunt Catalog.query:\s+(min|not measured)", out)
     assert re.search(r"30,000 offers from columns \(no Offer objects; built in [\d.]+ s\), \d+ bytes per offer", out)
+    assert re.search(r"folded by shape into [\d,]+ classes in [\d.]+ s", out)
+    assert re.search(rf"the plain pass, no pruning: {figure}\s+plain / pruned = [\d.]+×", out)
+    assert re.search(r"load average [\d.]+ / [\d.]+ / [\d.]+ \(1 / 5 / 15 min\) at the end", out)
+    assert "200,000 offers" not in out  # --mid 0 skips the middle book
     per_offer = int(re.search(r"(\d+) bytes per offer", out).group(1))  # type: ignore[union-attr]
     assert 0 < per_offer <= 1024

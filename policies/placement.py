@@ -155,7 +155,7 @@ def decide(
     on_demand = [o for o in options if o.market is Market.on_demand]
     cloud = [o for o in options if o.market in CLOUD_MARKETS]
 
-    od_hours = min((o.expected_hours for o in on_demand), default=None)
+    od_hours = min((o.expected_hours for o in on_demand if o.expected_hours is not None), default=None)
     work_left = None if od_hours is None else max(od_hours - done_hours, 0.0)
     fallback = True
     planned = _planned(spec, options, now=now, deadline=deadline, work_left=work_left, running=None,
@@ -185,7 +185,8 @@ def decide(
 
     best = onprem[0]
     wait = best.breakdown.queue_wait_hours if best.breakdown else 0.0
-    finish_h = best.expected_hours  # includes the queue wait
+    # Includes the queue wait; unknown without a workload (and then no deadline is allowed): the wait.
+    finish_h = best.expected_hours if best.expected_hours is not None else wait
     numbers: dict[str, Any] = {"onprem_queue_wait_hours": round(wait, 3), "onprem_finish_hours": round(finish_h, 3),
                                "max_queue_wait_hours": max_queue_wait_hours, **spot_numbers}
     misses = False
@@ -254,7 +255,8 @@ def rebalance(
     the market was last seen with spot (``spot_market.up``). False: stay on on-demand. Without a
     market history or a deadline there is nothing to gain that is worth a changeover, and the job stays.
     """
-    od_hours = min((o.expected_hours for o in options if o.market is Market.on_demand), default=None)
+    od_hours = min((o.expected_hours for o in options
+                    if o.market is Market.on_demand and o.expected_hours is not None), default=None)
     work_left = None if od_hours is None else max(od_hours - done_hours, 0.0)
     planned = _planned(spec, options, now=now, deadline=deadline, work_left=work_left, running=Market.on_demand,
                        spot_market=spot_market, restart_minutes=restart_minutes,

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from broker.models import JobSpec, Quote, source_label_at
+from broker.models import NO_WORKLOAD_NOTE, JobSpec, Quote, source_label_at
 from broker.perf import job_hours, preemption_overhead, step_shape, transfer_hours
 from policies.assembly import assemblable, assemble
 from policies.book import FABRICS, MARKETS, OWNED, SOURCES, OfferBook
-from policies.constraints import CODE_OF, describe, job_node_price, screen
+from policies.constraints import CODE_OF, Screen, describe, job_node_price, screen
 
 # Moving data out of a site whose offers declare no egress price (a cloud region's internet
 # egress list price is $0.05-0.12/GB; $0.09 is the common first tier). Owned sites: your own uplink.
@@ -103,7 +103,7 @@ def quote(
     note = f"assembled from {spec.nodes} separately rented machines: ethernet over the internet between them"
     assembled = [o.model_copy(update={"breakdown": o.breakdown.model_copy(
         update={"notes": [*o.breakdown.notes, note]})}) if o.breakdown else o for o in aq.options]
-    options = sorted([*q.options, *assembled], key=lambda o: (o.expected_cost_usd, o.stale, o.expected_hours))
+    options = sorted([*q.options, *assembled], key=lambda o: (o.expected_cost_usd, o.stale, o.expected_hours or 0.0))
     counts = dict(q.rejected_counts)
     for code, count in aq.rejected_counts.items():
         counts[f"{code} (assembled)"] = counts.get(f"{code} (assembled)", 0) + count
@@ -129,6 +129,8 @@ def _quote(
         """The column's values for the feasible rows; a constant where the job's shape makes them irrelevant."""
         return book[name][idx] if unused is None else unused
 
+    if spec.workload is None:  # nothing to size: rank by the shape's $/h, the hours unknown
+        return _per_hour_quote(book, spec, sc, pos, now=now, top=top, max_rejected=max_rejected)
     # Gather only the columns this job's formulas read (one node: no fabric; one GPU: no NVLink either).
     shape = step_shape(spec.workload)
     comm = shape.total_flops > 0 and shape.grad_bytes > 0 and shape.steps > 0
@@ -173,6 +175,32 @@ def _quote(
     options = _options(book, idx[shown], nodes, gpn, now, price=job_price[shown], wall=wall[shown], cost=cost[shown],
                        comp=np.broadcast_to(comp, cost.shape)[shown], comm=np.broadcast_to(comm_h, cost.shape)[shown],
                        lost=lost[shown], egress=egress_usd[shown], billed=billed_hours[shown])
+    return _answer(book, spec, sc, idx[keep], options, now=now, max_rejected=max_rejected)
+
+
+def _per_hour_quote(book: OfferBook, spec: JobSpec, sc: Screen, pos: np.ndarray, *, now: datetime, top: int,
+                    max_rejected: int | None) -> Quote:
+    """A spec without a workload: the feasible offers (the same screen) by the job's price per hour."""
+    idx = sc.rows[pos]
+    nodes, gpn = spec.nodes, spec.gpus_per_node
+    assert gpn is not None
+    price = job_node_price(book, spec, idx) * nodes
+    egress_usd, _ = _data_costs(book, spec, idx)
+    zeros, ones = np.zeros(len(idx)), np.ones(len(idx))
+    queue = book["queue"][idx] if book.any_queue else zeros
+    order = np.lexsort((queue, book["stale"][idx], np.round(price, 2)))[:top]
+    options = _options(book, idx[order], nodes, gpn, now, price=price[order], wall=queue[order],
+                       cost=price[order], comp=zeros[order], comm=zeros[order], lost=zeros[order],
+                       egress=egress_usd[order], billed=ones[order])
+    for o in options:
+        o["expected_hours"] = None
+    q = _answer(book, spec, sc, idx, options, now=now, max_rejected=max_rejected)
+    return q.model_copy(update={"notes": [NO_WORKLOAD_NOTE, *q.notes]})
+
+
+def _answer(book: OfferBook, spec: JobSpec, sc: Screen, feasible: np.ndarray, options: list[dict[str, Any]], *,
+            now: datetime, max_rejected: int | None) -> Quote:
+    """The quote: the options shown, the rejections spelled out and counted, the feasible rows by source."""
     rows, codes = sc.rejected(max_rejected)
     text = {k: book.texts(k, rows) for k in ("provider", "sku", "region", "zone")}
     rejected = []
@@ -181,7 +209,7 @@ def _quote(
         rejected.append({"provider": text["provider"][j], "sku": text["sku"][j], "region": text["region"][j],
                          "zone": text["zone"][j], "offer_id": book.ids[i], "code": code, "reason": reason})
     missing = _missing_models(book, spec)
-    by_source = _by_source(book, idx[keep])
+    by_source = _by_source(book, feasible)
     # One validation call for the whole answer (per-object constructors cost 3-10× more).
     return Quote.model_validate({
         "job": spec, "options": options, "rejected": rejected, "rejected_counts": sc.counts(),

@@ -812,6 +812,9 @@ class Quote(BaseModel):
     notes: list[str] = Field(default_factory=list,
                              description="what the job asks for that no market offers, e.g. 'no market offers B300'")
     offers_considered: int = 0
+    late_onprem: QuoteOption | None = Field(
+        default=None, description="the cheapest on-prem option the deadline rejected (its queue wait and cost): "
+        "what a deadline burst weighs the cloud against")
     feasible_sources: dict[str, dict[str, int]] = Field(
         default_factory=dict, description="feasible offers per market and price source, e.g. "
         '{"aws": {"live": 12, "snapshot": 3}}: a job whose options are all snapshot rows cannot run yet')

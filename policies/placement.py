@@ -141,8 +141,12 @@ def decide(
     spot_market: SpotMarket | None = None,
     restart_minutes: float = 10.0,
     decision_interval_hours: float = DECISION_INTERVAL_HOURS,
+    late_onprem: QuoteOption | None = None,
 ) -> Decision:
     """Choose where to route a job among its feasible options (already ranked by job cost).
+
+    ``late_onprem``: the cheapest on-prem option the quote rejected because it would finish after the
+    deadline (``Quote.late_onprem``); a job that may leave bursts with its wait, the deadline and both costs.
 
     ``done_hours``: progress the job has kept from earlier attempts (on the on-demand options'
     speed); the work left is what the spot choice weighs. ``spot_market``: the availability
@@ -152,6 +156,8 @@ def decide(
     """
     reserved = [o for o in options if o.market is Market.reserved]
     onprem = [o for o in options if o.market is Market.owned]
+    if not onprem and late_onprem is not None and deadline is not None and spec.cloud_ok and not spec.onprem_only:
+        onprem = [late_onprem]  # it misses the deadline: the branch below bursts and says by how much
     on_demand = [o for o in options if o.market is Market.on_demand]
     cloud = [o for o in options if o.market in CLOUD_MARKETS]
 
@@ -192,7 +198,7 @@ def decide(
     misses = False
     if deadline is not None:
         hours_left = (deadline - now).total_seconds() / 3600.0
-        numbers["hours_to_deadline"] = round(hours_left, 3)
+        numbers.update(hours_to_deadline=round(hours_left, 3), deadline=deadline.isoformat())
         misses = finish_h > hours_left
     too_long = wait > max_queue_wait_hours
     if spec.onprem_only or not spec.cloud_ok or not (misses or too_long):

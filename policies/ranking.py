@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from broker.models import NO_WORKLOAD_NOTE, JobSpec, Quote, source_label_at
+from broker.models import NO_WORKLOAD_NOTE, JobSpec, Quote, QuoteOption, source_label_at
 from broker.perf import job_hours, preemption_overhead, step_shape, transfer_hours
 from policies.assembly import assemblable, assemble
 from policies.book import FABRICS, MARKETS, OWNED, SOURCES, OfferBook
@@ -153,9 +153,18 @@ def _quote(
 
     late = np.zeros(len(idx), dtype=bool)
     deadline = spec.deadline_at(now)
+    late_onprem: list[dict[str, Any]] = []
     if deadline is not None:
         late = wall > (deadline - now).total_seconds() / 3600.0
         sc.codes[pos[late]] = CODE_OF["deadline"]
+        # The cheapest on-prem option the deadline rejected: the placement's burst reason quotes its wait and cost.
+        owned_late = np.flatnonzero(late & (book["market"][idx] == OWNED))
+        if len(owned_late):
+            j = owned_late[np.argmin(cost[owned_late])][None]
+            late_onprem = _options(book, idx[j], nodes, gpn, now, price=job_price[j], wall=wall[j], cost=cost[j],
+                                   comp=np.broadcast_to(comp, cost.shape)[j],
+                                   comm=np.broadcast_to(comm_h, cost.shape)[j], lost=lost[j], egress=egress_usd[j],
+                                   billed=billed_hours[j])
     if spec.max_total_usd is not None:
         over = (cost > spec.max_total_usd) & ~late
         sc.codes[pos[over]] = CODE_OF["budget"]
@@ -175,7 +184,10 @@ def _quote(
     options = _options(book, idx[shown], nodes, gpn, now, price=job_price[shown], wall=wall[shown], cost=cost[shown],
                        comp=np.broadcast_to(comp, cost.shape)[shown], comm=np.broadcast_to(comm_h, cost.shape)[shown],
                        lost=lost[shown], egress=egress_usd[shown], billed=billed_hours[shown])
-    return _answer(book, spec, sc, idx[keep], options, now=now, max_rejected=max_rejected)
+    q = _answer(book, spec, sc, idx[keep], options, now=now, max_rejected=max_rejected)
+    if late_onprem:
+        q.late_onprem = QuoteOption.model_validate(late_onprem[0])
+    return q
 
 
 def _per_hour_quote(book: OfferBook, spec: JobSpec, sc: Screen, pos: np.ndarray, *, now: datetime, top: int,

@@ -202,3 +202,13 @@ async def test_a_deadline_burst_event_carries_the_wait_the_deadline_and_both_cos
     n = decision["numbers"]
     assert n["onprem_queue_wait_hours"] == 30 and n["hours_to_deadline"] == 20 and n["deadline"]
     assert n["cloud_cost_usd"] == 20 and n["onprem_cost_usd"] == 5 and n["extra_cost_usd"] == 15
+
+
+async def test_a_job_without_a_workload_is_placed_on_the_cheapest_per_hour(store: Store) -> None:
+    """Issue 29.1: no workload, no hours to cost: the cheapest $/h of the shape, expected hours unknown."""
+    mem = MemoryProvider("mem", [offer("mem", "dear", 3.0), offer("mem", "cheap", 1.0, zone="z2")])
+    onprem = MemoryProvider("onprem", [offer("onprem", "node1", 0.5, market=Market.owned, queue_wait_hours=30)])
+    res = await place(await router_over(store, mem, onprem), workload=None, markets=["owned", "on_demand"])
+    chosen = placed_on(res)
+    assert chosen.offer_id == "mem:cheap" and chosen.expected_hours is None
+    assert res.job.decision["reason"].startswith("burst: on-prem wait 30.00 h exceeds the limit")

@@ -526,7 +526,9 @@ class JobSpec(SpecModel):
     min_fabric_gbps: float = Field(default=0.0, ge=0, le=1e6)
     colocate: Colocate = Colocate.any
     data: DataSpec = Field(default_factory=DataSpec)
-    workload: Workload
+    workload: Workload | None = Field(
+        default=None, description="how much work; omitted: options are ranked by $/h for the shape and their "
+        "hours are unknown (a deadline then needs one)")
     markets: list[Market] = Field(default_factory=lambda: list(Market), min_length=1, max_length=16)
     providers: list[Text64] | None = Field(default=None, max_length=64)
     regions: list[Text64] | None = Field(default=None, max_length=256)
@@ -686,6 +688,11 @@ class JobSpec(SpecModel):
             )
         if self.deadline is not None and self.deadline_in is not None:
             raise FieldError("deadline", "give deadline or deadline_in, not both")
+        if self.workload is None and (self.deadline is not None or self.deadline_in is not None):
+            given = "deadline" if self.deadline is not None else "deadline_in"
+            raise FieldError("workload", f"needed with {given}: without a workload the finish time is unknown")
+        if self.workload is None and self.max_total_usd is not None:
+            raise FieldError("workload", "needed with max_total_usd: without a workload the job's cost is unknown")
         both = sorted(set(self.env) & set(self.secrets))
         if both:
             raise FieldError("secrets", f"{', '.join(both)} also in env: a variable is either plain or a secret")
@@ -781,8 +788,10 @@ class QuoteOption(BaseModel):
     fabric: Fabric
     fabric_gbps: float
     usd_per_hour: float  # for the whole job (all nodes)
-    expected_hours: float
-    expected_cost_usd: float
+    expected_hours: float | None = Field(description="wall-clock hours incl. queue wait; null: unknown (the spec "
+                                                     "gives no workload)")
+    expected_cost_usd: float = Field(description="the job's expected cost; with no workload in the spec, one "
+                                                 "hour's (the options are then ranked by $/h)")
     interruptible: bool = False
     stale: bool = False
     perf_source: str = "datasheet"
@@ -803,6 +812,10 @@ class Rejection(BaseModel):
     reason: str
 
 
+# A quote's note when its spec gives no workload: there is no job length to cost, only the shape's price.
+NO_WORKLOAD_NOTE = "no workload: ranked by $/h (expected hours unknown; expected cost is one hour's)"
+
+
 class Quote(BaseModel):
     job: JobSpec
     options: list[QuoteOption]
@@ -811,6 +824,9 @@ class Quote(BaseModel):
     notes: list[str] = Field(default_factory=list,
                              description="what the job asks for that no market offers, e.g. 'no market offers B300'")
     offers_considered: int = 0
+    late_onprem: QuoteOption | None = Field(
+        default=None, description="the cheapest on-prem option the deadline rejected (its queue wait and cost): "
+        "what a deadline burst weighs the cloud against")
     feasible_sources: dict[str, dict[str, int]] = Field(
         default_factory=dict, description="feasible offers per market and price source, e.g. "
         '{"aws": {"live": 12, "snapshot": 3}}: a job whose options are all snapshot rows cannot run yet')

@@ -273,12 +273,13 @@ class Router:
                          decision_interval_hours=DECISION_INTERVAL_HOURS)
 
     def decide(self, job: Job, options: list[QuoteOption], situation: Situation,
-               budget_left: float | None) -> Decision:
+               budget_left: float | None, late_onprem: QuoteOption | None = None) -> Decision:
         """``policies.placement.decide`` for a job waiting to be placed (new, requeued, or waiting for spot)."""
         spot_rates = list(self.preemption_rates().values()) or [DEFAULT_SPOT_PREEMPTIONS_PER_HOUR]
         return decide(
             job.spec, options, max_queue_wait_hours=self.settings.broker.max_queue_wait_hours,
             budget_left_usd=budget_left, preemptions_per_hour=sum(spot_rates) / len(spot_rates), **situation,
+            late_onprem=late_onprem,
         )
 
     # ------------------------------------------------------------------ placing
@@ -310,7 +311,7 @@ class Router:
                         and budget_left == cap - job.spent_usd else f"tenant {job.tenant}'s budget"),
                     [], {"budget_left_usd": round(budget_left, 2)})
         situation = await self._db(self.situation, job, options, now)
-        decision = self.decide(job, options, situation, budget_left)
+        decision = self.decide(job, options, situation, budget_left, q.late_onprem)
         tries_allowed = self.settings.broker.max_launch_tries
         cands = candidates(options, decision)
         if not cands:

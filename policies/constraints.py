@@ -56,7 +56,7 @@ CHECKS: tuple[Check, ...] = (
                                 "hosts): drop `image`, or use a pool with one (pyxis, apptainer)"),
     Check("gpu_memory", lambda o, s: f"{o.gpu_memory_gb:g} GB per GPU < {memory_needed(s):g} GB needed" + (
         "" if memory_needed(s) <= s.min_gpu_memory_gb else
-        f" ({s.workload.params_b:g}B parameters in bf16 over {s.gpus} GPUs)")),
+        f" ({s.workload.params_b if s.workload else 0:g}B parameters in bf16 over {s.gpus} GPUs)")),
     Check("gpus_per_node", lambda o, s: f"{o.gpu_count} GPUs per node available < {s.gpus_per_node} needed"),
     Check("nodes", lambda o, s: f"only {o.max_nodes} node(s) to be had together, job needs {s.nodes}"),
     Check("colocation", lambda o, s: f"nodes co-located only at '{o.colocation.value}' level, job needs "
@@ -86,6 +86,8 @@ _RUNTIME_OK: dict[Runtime, np.ndarray] = {
 
 def memory_needed(spec: JobSpec) -> float:
     """GB per GPU the job needs: what it asks, or more when its model cannot fit otherwise."""
+    if spec.workload is None:
+        return spec.min_gpu_memory_gb
     return max(spec.min_gpu_memory_gb, min_gpu_memory_gb(spec.workload, spec.gpus))
 
 

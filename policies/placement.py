@@ -141,8 +141,12 @@ def decide(
     spot_market: SpotMarket | None = None,
     restart_minutes: float = 10.0,
     decision_interval_hours: float = DECISION_INTERVAL_HOURS,
+    late_onprem: QuoteOption | None = None,
 ) -> Decision:
     """Choose where to route a job among its feasible options (already ranked by job cost).
+
+    ``late_onprem``: the cheapest on-prem option the quote rejected because it would finish after the
+    deadline (``Quote.late_onprem``); a job that may leave bursts with its wait, the deadline and both costs.
 
     ``done_hours``: progress the job has kept from earlier attempts (on the on-demand options'
     speed); the work left is what the spot choice weighs. ``spot_market``: the availability
@@ -152,10 +156,12 @@ def decide(
     """
     reserved = [o for o in options if o.market is Market.reserved]
     onprem = [o for o in options if o.market is Market.owned]
+    if not onprem and late_onprem is not None and deadline is not None and spec.cloud_ok and not spec.onprem_only:
+        onprem = [late_onprem]  # it misses the deadline: the branch below bursts and says by how much
     on_demand = [o for o in options if o.market is Market.on_demand]
     cloud = [o for o in options if o.market in CLOUD_MARKETS]
 
-    od_hours = min((o.expected_hours for o in on_demand), default=None)
+    od_hours = min((o.expected_hours for o in on_demand if o.expected_hours is not None), default=None)
     work_left = None if od_hours is None else max(od_hours - done_hours, 0.0)
     fallback = True
     planned = _planned(spec, options, now=now, deadline=deadline, work_left=work_left, running=None,
@@ -185,13 +191,14 @@ def decide(
 
     best = onprem[0]
     wait = best.breakdown.queue_wait_hours if best.breakdown else 0.0
-    finish_h = best.expected_hours  # includes the queue wait
+    # Includes the queue wait; unknown without a workload (and then no deadline is allowed): the wait.
+    finish_h = best.expected_hours if best.expected_hours is not None else wait
     numbers: dict[str, Any] = {"onprem_queue_wait_hours": round(wait, 3), "onprem_finish_hours": round(finish_h, 3),
                                "max_queue_wait_hours": max_queue_wait_hours, **spot_numbers}
     misses = False
     if deadline is not None:
         hours_left = (deadline - now).total_seconds() / 3600.0
-        numbers["hours_to_deadline"] = round(hours_left, 3)
+        numbers.update(hours_to_deadline=round(hours_left, 3), deadline=deadline.isoformat())
         misses = finish_h > hours_left
     too_long = wait > max_queue_wait_hours
     if spec.onprem_only or not spec.cloud_ok or not (misses or too_long):
@@ -254,7 +261,8 @@ def rebalance(
     the market was last seen with spot (``spot_market.up``). False: stay on on-demand. Without a
     market history or a deadline there is nothing to gain that is worth a changeover, and the job stays.
     """
-    od_hours = min((o.expected_hours for o in options if o.market is Market.on_demand), default=None)
+    od_hours = min((o.expected_hours for o in options
+                    if o.market is Market.on_demand and o.expected_hours is not None), default=None)
     work_left = None if od_hours is None else max(od_hours - done_hours, 0.0)
     planned = _planned(spec, options, now=now, deadline=deadline, work_left=work_left, running=Market.on_demand,
                        spot_market=spot_market, restart_minutes=restart_minutes,

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from broker.models import JobSpec, OfferSource, Quote, source_label_at
+from broker.models import NO_WORKLOAD_NOTE, JobSpec, OfferSource, Quote, source_label_at
 from broker.perf import job_hours, preemption_overhead, step_shape, transfer_hours
 from policies.assembly import assemblable, assemble
 from policies.book import FABRICS, MARKETS, OWNED, PRUNE_MIN_ROWS, SOURCES, OfferBook
@@ -100,6 +100,7 @@ class QuoteParts:
     offers_considered: int
     feasible_sources: dict[str, dict[str, int]]
     at: datetime
+    late_onprem: dict[str, Any] | None = None
 
     def model(self) -> Quote:
         # One call into pydantic-core for the whole answer: measured 2-3× faster than model_construct of
@@ -107,14 +108,14 @@ class QuoteParts:
         return Quote.model_validate({
             "job": self.job, "options": self.options, "rejected": self.rejected,
             "rejected_counts": self.rejected_counts, "notes": self.notes, "offers_considered": self.offers_considered,
-            "feasible_sources": self.feasible_sources, "at": self.at})
+            "late_onprem": self.late_onprem, "feasible_sources": self.feasible_sources, "at": self.at})
 
     def json(self, job_json: str | None = None) -> str:
         """The answer as JSON text, fields in the model's order; ``job_json``: the spec's own JSON when the
         caller has it already (the API keys its reuse of answers by it)."""
         rest = orjson.dumps({
             "options": self.options, "rejected": self.rejected, "rejected_counts": self.rejected_counts,
-            "notes": self.notes, "offers_considered": self.offers_considered,
+            "notes": self.notes, "offers_considered": self.offers_considered, "late_onprem": self.late_onprem,
             "feasible_sources": self.feasible_sources, "at": self.at,
         }, option=orjson.OPT_UTC_Z).decode()
         job = self.job.model_dump_json() if job_json is None else job_json
@@ -162,7 +163,8 @@ def quote_parts(
     note = f"assembled from {spec.nodes} separately rented machines: ethernet over the internet between them"
     assembled = [{**o, "breakdown": {**o["breakdown"], "notes": [*o["breakdown"]["notes"], note]}}
                  for o in aq.options]
-    options = sorted([*q.options, *assembled], key=lambda o: (o["expected_cost_usd"], o["stale"], o["expected_hours"]))
+    options = sorted([*q.options, *assembled],
+                     key=lambda o: (o["expected_cost_usd"], o["stale"], o["expected_hours"] or 0.0))
     counts = dict(q.rejected_counts)
     for code, count in aq.rejected_counts.items():
         counts[f"{code} (assembled)"] = counts.get(f"{code} (assembled)", 0) + count
@@ -181,6 +183,7 @@ class _Ranked:
     keep: np.ndarray  # positions in ``idx`` that meet the deadline and the budget too
     shown: np.ndarray  # positions in ``idx`` of the options, best first
     figures: dict[str, np.ndarray]  # per shown option
+    late_onprem: dict[str, Any] | None = None  # the cheapest on-prem option the deadline rejected
 
 
 def _rank(book: OfferBook, spec: JobSpec, now: datetime, top: int,
@@ -195,6 +198,7 @@ def _rank(book: OfferBook, spec: JobSpec, now: datetime, top: int,
         """The column's values for the feasible rows; a constant where the job's shape makes them irrelevant."""
         return book[name][idx] if unused is None else unused
 
+    assert spec.workload is not None  # _quote ranks a spec without one by $/h (_per_hour_quote)
     # Gather only the columns this job's formulas read (one node: no fabric; one GPU: no NVLink either).
     shape = step_shape(spec.workload)
     comm = shape.total_flops > 0 and shape.grad_bytes > 0 and shape.steps > 0
@@ -217,9 +221,17 @@ def _rank(book: OfferBook, spec: JobSpec, now: datetime, top: int,
 
     late = np.zeros(len(idx), dtype=bool)
     deadline = spec.deadline_at(now)
+    late_onprem = None
     if deadline is not None:
         late = wall > (deadline - now).total_seconds() / 3600.0
         sc.codes[pos[late]] = CODE_OF["deadline"]
+        # The cheapest on-prem option the deadline rejected: the placement's burst reason quotes its wait and cost.
+        owned_late = np.flatnonzero(late & (book["market"][idx] == OWNED))
+        if len(owned_late):
+            j = owned_late[np.argmin(cost[owned_late])][None]
+            late_onprem = _options(book, idx[j], nodes, gpn, now, price=job_price[j], wall=wall[j], cost=cost[j],
+                                   comp=_pick(comp, j), comm=_pick(comm_h, j), lost=lost[j], egress=egress_usd[j],
+                                   billed=billed_hours[j])[0]
     if spec.max_total_usd is not None:
         over = (cost > spec.max_total_usd) & ~late
         sc.codes[pos[over]] = CODE_OF["budget"]
@@ -243,7 +255,7 @@ def _rank(book: OfferBook, spec: JobSpec, now: datetime, top: int,
     figures = {"price": job_price[shown], "wall": wall[shown], "cost": cost[shown],
                "comp": _pick(comp, shown), "comm": _pick(comm_h, shown),
                "lost": lost[shown], "egress": egress_usd[shown], "billed": billed_hours[shown]}
-    return _Ranked(sc, idx, pos, keep, shown, figures)
+    return _Ranked(sc, idx, pos, keep, shown, figures, late_onprem)
 
 
 def _pick(values: np.ndarray | float, shown: np.ndarray) -> np.ndarray:
@@ -269,6 +281,8 @@ def _quote(
     max_rejected: int | None,
     prune: bool | None = None,
 ) -> QuoteParts:
+    if spec.workload is None:  # nothing to size: rank by the shape's $/h, the hours unknown
+        return _per_hour_quote(book, spec, now=now, top=top, max_rejected=max_rejected)
     group_codes = None
     if prune is not False and _exact_when_pruned(spec, max_rejected):
         if prune:
@@ -281,6 +295,21 @@ def _quote(
     r = _rank(book, spec, now, top, group_codes)
     idx, sc = r.idx, r.sc
     options = _options(book, idx[r.shown], spec.nodes, spec.gpus_per_node or 1, now, **r.figures)
+    rejected = _rejections(book, spec, sc, max_rejected)
+    return _parts(book, spec, now, options, rejected, sc.counts(), _by_source(book, idx[r.keep]), r.late_onprem)
+
+
+def _parts(book: OfferBook, spec: JobSpec, now: datetime, options: list[dict[str, Any]],
+           rejected: list[dict[str, Any]], counts: dict[str, int],
+           by_source: dict[str, dict[str, int]], late_onprem: dict[str, Any] | None = None) -> QuoteParts:
+    missing = _missing_models(book, spec)
+    return QuoteParts(job=spec, options=options, rejected=rejected, rejected_counts=counts,
+                      notes=[f"no market offers {', '.join(missing)}"] if missing else [],
+                      offers_considered=len(book), feasible_sources=by_source, at=now, late_onprem=late_onprem)
+
+
+def _rejections(book: OfferBook, spec: JobSpec, sc: Screen, max_rejected: int | None) -> list[dict[str, Any]]:
+    """The rejections spelled out (``max_rejected`` at most), each with its offer and reason."""
     rows, codes = sc.rejected(max_rejected)
     rejected: list[dict[str, Any]] = []
     if len(rows):
@@ -289,16 +318,30 @@ def _quote(
             code, reason = describe(c, book.row(i), spec)
             rejected.append({"provider": text["provider"][j], "sku": text["sku"][j], "region": text["region"][j],
                              "zone": text["zone"][j], "offer_id": book.ids[i], "code": code, "reason": reason})
-    return _parts(book, spec, now, options, rejected, sc.counts(), _by_source(book, idx[r.keep]))
+    return rejected
 
 
-def _parts(book: OfferBook, spec: JobSpec, now: datetime, options: list[dict[str, Any]],
-           rejected: list[dict[str, Any]], counts: dict[str, int],
-           by_source: dict[str, dict[str, int]]) -> QuoteParts:
-    missing = _missing_models(book, spec)
-    return QuoteParts(job=spec, options=options, rejected=rejected, rejected_counts=counts,
-                      notes=[f"no market offers {', '.join(missing)}"] if missing else [],
-                      offers_considered=len(book), feasible_sources=by_source, at=now)
+def _per_hour_quote(book: OfferBook, spec: JobSpec, *, now: datetime, top: int,
+                    max_rejected: int | None) -> QuoteParts:
+    """A spec without a workload: the feasible offers (the same screen) by the job's price per hour."""
+    sc = screen(book, spec)
+    idx = sc.rows[np.flatnonzero(sc.codes == 0)]
+    nodes, gpn = spec.nodes, spec.gpus_per_node
+    assert gpn is not None
+    price = job_node_price(book, spec, idx) * nodes
+    egress_usd, _ = _data_costs(book, spec, idx)
+    zeros, ones = np.zeros(len(idx)), np.ones(len(idx))
+    queue = book["queue"][idx] if book.any_queue else zeros
+    order = np.lexsort((queue, book["stale"][idx], np.round(price, 2)))[:top]
+    options = _options(book, idx[order], nodes, gpn, now, price=price[order], wall=queue[order],
+                       cost=price[order], comp=zeros[order], comm=zeros[order], lost=zeros[order],
+                       egress=egress_usd[order], billed=ones[order])
+    for o in options:
+        o["expected_hours"] = None
+    parts = _parts(book, spec, now, options, _rejections(book, spec, sc, max_rejected), sc.counts(),
+                   _by_source(book, idx))
+    parts.notes = [NO_WORKLOAD_NOTE, *parts.notes]
+    return parts
 
 
 def _quote_pruned(book: OfferBook, spec: JobSpec, *, now: datetime, top: int) -> QuoteParts:
@@ -317,7 +360,7 @@ def _quote_pruned(book: OfferBook, spec: JobSpec, *, now: datetime, top: int) ->
     counts = {CHECKS[v - 1].code: int(freq[v]) for v in range(1, len(freq)) if freq[v]}
     feasible = first.idx[first.keep]
     by_source = _by_source(reps, feasible, weights=view.size[feasible])
-    return _parts(book, spec, now, options, [], counts, by_source)
+    return _parts(book, spec, now, options, [], counts, by_source, first.late_onprem)
 
 
 def _by_source(book: OfferBook, rows: np.ndarray, weights: np.ndarray | None = None) -> dict[str, dict[str, int]]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from broker.models import Job, Offer, Quote, source_label, utcnow
+from broker.models import NO_WORKLOAD_NOTE, Job, Offer, Quote, source_label, utcnow
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -78,13 +78,18 @@ def quote_table(q: Quote, explain: bool = False) -> None:
         fabric = f"{o.fabric.value} {o.fabric_gbps:g}G" if o.fabric_gbps else o.fabric.value
         t.add_row(str(i), o.provider, o.market.value + (" (stale)" if o.stale else ""), o.sku, where,
                   f"{o.nodes}×{o.gpus_per_node} {o.gpu}", fabric, _money(o.usd_per_hour),
-                  o.source_label or o.source.value, f"{o.expected_hours:,.1f}", _money(o.expected_cost_usd))
+                  o.source_label or o.source.value,
+                  "—" if o.expected_hours is None else f"{o.expected_hours:,.1f}",
+                  "—" if o.expected_hours is None else _money(o.expected_cost_usd))
     _get_console().print(t)
     snapshot_only = sorted(m for m, by in q.feasible_sources.items() if set(by) == {"snapshot"})
     if snapshot_only:
         _get_console().print(f"{', '.join(snapshot_only)}: prices from the bundled snapshot only, not a live market "
                       "(see `lockstep submit` and docs/catalog.md)")
-    if q.options and q.options[0].breakdown:
+    for note in q.notes:
+        if note == NO_WORKLOAD_NOTE:
+            _get_console().print(note)
+    if q.options and q.options[0].breakdown and q.options[0].expected_hours is not None:
         b = q.options[0].breakdown
         _get_console().print(
             f"best: compute {b.compute_hours:,.2f} h + communication {b.comm_hours:,.2f} h"
@@ -119,7 +124,8 @@ def infeasible_reasons(q: Quote) -> str:
     groups: dict[str, list[str]] = defaultdict(list)
     for r in q.rejected:
         groups[r.code].append(r.reason)
-    parts = list(q.notes)  # e.g. "no market offers B300": the reason that matters, first
+    # e.g. "no market offers B300": the reason that matters, first
+    parts = [n for n in q.notes if n != NO_WORKLOAD_NOTE]
     for code, n in sorted(q.rejected_counts.items(), key=lambda kv: -kv[1]):
         example = groups[code][0] if groups.get(code) else ""
         parts.append(f"{n} × {code}" + (f" (e.g. {example})" if example else ""))

@@ -153,7 +153,7 @@ def cloud_rates(gpu: str, gpus: int, interruptible: bool) -> dict[Market, QuoteO
 
 
 def _scaled(o: QuoteOption, hours: float) -> QuoteOption:
-    return o.model_copy(update={"expected_hours": o.expected_hours * hours,
+    return o.model_copy(update={"expected_hours": (o.expected_hours or 0.0) * hours,
                                 "expected_cost_usd": o.expected_cost_usd * hours})
 
 

@@ -49,6 +49,8 @@ def parse_comment(comment: str) -> dict[str, str]:
 def time_limit_minutes(req: LaunchRequest, default_min: int) -> int:
     """From the workload: wall-clock hours, or reference GPU-hours spread over the job's GPUs (×2 margin)."""
     w = req.spec.workload
+    if w is None:
+        return default_min
     if w.hours is not None:
         return max(1, math.ceil(w.hours * 60))
     if w.reference_gpu_hours is not None:

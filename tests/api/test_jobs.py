@@ -49,7 +49,7 @@ def test_quote_summarises_rejections_by_default_and_spells_them_out_on_request(a
         (spec(colour="blue"), "colour"),
         (spec(gpus=0), "gpus"),
         (spec(workload={"params_b": 7}), "workload"),
-        ({"name": "x", "gpu": ["H100"], "gpus": 1}, "workload"),
+        ({"name": "x", "gpu": ["H100"], "gpus": 1, "deadline_in": "48h"}, "workload"),  # no workload: $/h, no deadline
         (spec(fabric="carrier-pigeon"), "fabric"),
         ([1, 2, 3], "body"),
     ],

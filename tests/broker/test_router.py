@@ -15,7 +15,7 @@ import pytest
 
 from broker.config import SecretsConfig
 from broker.errors import BadRequestError, CapacityError, ProviderAuthError, QuotaError, TransientError
-from broker.models import AllocationState, Job, JobState, QuoteOption
+from broker.models import AllocationState, Job, JobState, Market, QuoteOption
 from broker.router import PlacementResult, Router
 from broker.store import Store
 from providers.base import LaunchRequest
@@ -187,3 +187,28 @@ async def test_secrets_reach_the_launch_request_and_nothing_the_store_keeps(stor
     stored = [store.get_job(res.job.id).model_dump_json(),
               *(a.model_dump_json() for a in store.allocations(res.job.id))]
     assert not any(value in blob for blob in stored)
+
+
+async def test_a_deadline_burst_event_carries_the_wait_the_deadline_and_both_costs(store: Store) -> None:
+    """Issue 29: with the on-prem pool busy the quote rejects its node as `deadline`; the burst still says why."""
+    onprem = MemoryProvider("onprem", [offer("onprem", "node1", 0.5, market=Market.owned, queue_wait_hours=30)])
+    cloud = MemoryProvider("mem", [offer("mem", "a", 2.0)])
+    res = await place(await router_over(store, onprem, cloud), markets=["owned", "on_demand"],
+                      workload={"hours": 10}, deadline_in="20h")
+    assert placed_on(res).provider == "mem", res.reason
+    [event] = [e for e in res.job.events if e.to_state is JobState.provisioning]
+    decision = event.data["decision"]
+    assert decision["reason"] == "burst: on-prem queue would miss the deadline"
+    n = decision["numbers"]
+    assert n["onprem_queue_wait_hours"] == 30 and n["hours_to_deadline"] == 20 and n["deadline"]
+    assert n["cloud_cost_usd"] == 20 and n["onprem_cost_usd"] == 5 and n["extra_cost_usd"] == 15
+
+
+async def test_a_job_without_a_workload_is_placed_on_the_cheapest_per_hour(store: Store) -> None:
+    """Issue 29.1: no workload, no hours to cost: the cheapest $/h of the shape, expected hours unknown."""
+    mem = MemoryProvider("mem", [offer("mem", "dear", 3.0), offer("mem", "cheap", 1.0, zone="z2")])
+    onprem = MemoryProvider("onprem", [offer("onprem", "node1", 0.5, market=Market.owned, queue_wait_hours=30)])
+    res = await place(await router_over(store, mem, onprem), workload=None, markets=["owned", "on_demand"])
+    chosen = placed_on(res)
+    assert chosen.offer_id == "mem:cheap" and chosen.expected_hours is None
+    assert res.job.decision["reason"].startswith("burst: on-prem wait 30.00 h exceeds the limit")

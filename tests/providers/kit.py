@@ -15,6 +15,7 @@ What the kit checks:
 - Launches: launch is idempotent on the client token; poll, release and owned behave;
 - AssemblesNodes: several machines are rented as one allocation (owned, polled, released together), and a
   set one of whose machines cannot be rented leaves nothing behind;
+- HasJobLogs: a launched job's log reads as text on every rank, '' for a rank it does not have;
 - DrainsNodes, ListsNodes, HasSpotPriceHistory, RunsBurnIn, Snapshot: each does what it says.
 """
 
@@ -48,6 +49,7 @@ from providers.base import LaunchRequest, OfferQuery, Provider, matches
 from providers.capabilities import (
     AssemblesNodes,
     DrainsNodes,
+    HasJobLogs,
     HasSpotPriceHistory,
     Launches,
     ListsNodes,
@@ -194,6 +196,25 @@ class LaunchesContract:
         await p.release(alloc)  # releasing what is gone is not an error
 
 
+class HasJobLogsContract:
+    """HasJobLogs: a live allocation's log is text ('' before anything arrived); a rank it lacks is ''."""
+
+    async def test_a_launched_jobs_log_reads_as_text(self, subject: Subject) -> None:
+        p = subject.provider
+        assert isinstance(p, HasJobLogs)
+        offers = [o for o in await p.offers(subject.query) if matches(o, subject.query)]
+        req = launch_request(subject, subject.pick(offers))
+        alloc = await p.launch(req)
+        try:
+            log = await p.job_log(alloc)
+            assert isinstance(log, str)
+            for secret in subject.secrets:
+                assert secret not in log
+            assert await p.job_log(alloc, rank=alloc.nodes + 3) == ""  # no such node: nothing will arrive
+        finally:
+            await p.release(alloc)
+
+
 class DrainsNodesContract:
     """DrainsNodes: a drained node leaves the offers; resumed, it comes back."""
 
@@ -329,6 +350,7 @@ class AssemblesNodesContract:
 
 CONTRACTS: dict[type[Provider], type] = {
     Launches: LaunchesContract,
+    HasJobLogs: HasJobLogsContract,
     AssemblesNodes: AssemblesNodesContract,
     DrainsNodes: DrainsNodesContract,
     ListsNodes: ListsNodesContract,

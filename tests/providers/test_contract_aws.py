@@ -12,7 +12,13 @@ from broker.models import Market, Offer
 from providers.aws import AwsProvider, ReservedProvider
 from providers.base import OfferQuery
 from tests.plugins.moto import moto_config
-from tests.providers.kit import LaunchesContract, OffersContract, SpotHistoryContract, Subject
+from tests.providers.kit import (
+    HasJobLogsContract,
+    LaunchesContract,
+    OffersContract,
+    SpotHistoryContract,
+    Subject,
+)
 
 pytestmark = pytest.mark.aws
 
@@ -23,7 +29,7 @@ def p4d(offers: list[Offer]) -> Offer:
     return next(o for o in offers if o.sku == "p4d.24xlarge")
 
 
-class TestAws(OffersContract, LaunchesContract, SpotHistoryContract):
+class TestAws(OffersContract, LaunchesContract, SpotHistoryContract, HasJobLogsContract):
     provider_type = AwsProvider
 
     @pytest.fixture
@@ -38,7 +44,7 @@ class TestAws(OffersContract, LaunchesContract, SpotHistoryContract):
             )
 
 
-class TestReserved(OffersContract, LaunchesContract):
+class TestReserved(OffersContract, LaunchesContract, HasJobLogsContract):
     provider_type = ReservedProvider
 
     @pytest.fixture

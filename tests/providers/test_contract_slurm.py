@@ -16,6 +16,7 @@ from providers.slurm import SlurmProvider
 from tests.plugins.slurm import SlurmCluster
 from tests.providers.kit import (
     DrainsNodesContract,
+    HasJobLogsContract,
     LaunchesContract,
     ListsNodesContract,
     OffersContract,
@@ -34,7 +35,8 @@ def most_free(offers: list[Offer]) -> Offer:
     return max(single, key=lambda o: (int(o.attrs["free_gpus"]), o.id))
 
 
-class TestSlurm(OffersContract, LaunchesContract, DrainsNodesContract, ListsNodesContract, RunsBurnInContract):
+class TestSlurm(OffersContract, LaunchesContract, DrainsNodesContract, ListsNodesContract, RunsBurnInContract,
+                HasJobLogsContract):
     provider_type = SlurmProvider
 
     @pytest.fixture

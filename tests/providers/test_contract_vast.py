@@ -12,10 +12,16 @@ from broker.models import Market
 from providers.base import OfferQuery
 from providers.vast import VastProvider
 from tests.plugins.vast import VAST_TEST_KEY
-from tests.providers.kit import AssemblesNodesContract, LaunchesContract, OffersContract, Subject
+from tests.providers.kit import (
+    AssemblesNodesContract,
+    HasJobLogsContract,
+    LaunchesContract,
+    OffersContract,
+    Subject,
+)
 
 
-class TestVast(OffersContract, LaunchesContract, AssemblesNodesContract):
+class TestVast(OffersContract, LaunchesContract, AssemblesNodesContract, HasJobLogsContract):
     provider_type = VastProvider
 
     @pytest.fixture

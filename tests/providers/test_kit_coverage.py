@@ -41,3 +41,14 @@ async def test_every_market_runs_the_kit_for_each_capability_it_declares() -> No
     finally:
         for p in providers.values():
             await p.aclose()
+
+
+def test_every_capability_has_a_kit_contract() -> None:
+    """A capability added to providers/capabilities.py without a contract here could never be flagged above."""
+    import providers.capabilities as caps
+    from providers.base import Provider
+
+    declared = {getattr(caps, name) for name in caps.__all__}
+    capabilities = {c for c in declared if isinstance(c, type) and issubclass(c, Provider) and c is not Provider}
+    missing = sorted(c.__name__ for c in capabilities - set(CONTRACTS))
+    assert capabilities and not missing, f"no kit contract in tests/providers/kit.py for: {', '.join(missing)}"

@@ -24,6 +24,7 @@ from broker.models import utcnow
 from broker.simulate.cluster import ClusterConfig, run_cluster
 from broker.simulate.deadline import DeadlineJob, run_deadline
 from broker.simulate.traces import load_pods, load_spot_trace
+from broker.simulate.zones import Migration, run_deadline_zones
 
 app = typer.Typer(help="Replay policies over traces: deadline jobs on spot, cluster bursting.", no_args_is_help=True)
 
@@ -34,7 +35,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 @app.command("deadline")
 def deadline(
-    trace: Annotated[Path, typer.Option("--trace", help="Spot availability trace (JSON: metadata.gap_seconds, data).")],
+    trace: Annotated[list[Path], typer.Option("--trace", help="Spot availability trace (JSON: metadata.gap_seconds, "
+                                                              "data); repeat it for several zones or regions, "
+                                                              "aligned in time, the first the job's home.")],
     job_hours: Annotated[float, typer.Option("--job-hours", help="Compute the job needs, hours.")],
     deadline_hours: Annotated[float, typer.Option("--deadline-hours", help="Deadline after submission, hours.")],
     changeover_hours: Annotated[float, typer.Option("--changeover-hours", help="Delay of every (re)start, hours.")],
@@ -42,19 +45,31 @@ def deadline(
     ondemand_price: Annotated[float, typer.Option("--ondemand-price", help="On-demand USD per hour.")],
     policy: Annotated[str, typer.Option("--policy", help="ondemand | greedy | uniform-progress | lockstep | optimal")],
     start_hour: Annotated[float, typer.Option("--start-hour", help="Submission, hours into the trace.")] = 0.0,
+    data_gb: Annotated[float, typer.Option("--data-gb", help="Several traces: data and checkpoint moved with the "
+                                                             "job to another zone, GB.")] = 0.0,
+    egress_usd_per_gb: Annotated[float, typer.Option("--egress-usd-per-gb", help="Several traces: egress price "
+                                                                                 "of a move, USD per GB.")] = 0.02,
+    transfer_gbps: Annotated[float, typer.Option("--transfer-gbps", help="Several traces: transfer speed of a "
+                                                                         "move, Gbit/s.")] = 2.0,
     json_out: JsonOpt = False,
 ) -> None:
-    """One deadline job on spot and on-demand over a trace (the setting of "Can't Be Late", NSDI'24)."""
-    result = run_deadline(load_spot_trace(trace), DeadlineJob(job_hours, deadline_hours, changeover_hours,
-                                                              spot_price, ondemand_price), policy, start_hour)
+    """One deadline job on spot and on-demand over a trace (the setting of "Can't Be Late", NSDI'24), or over
+    several zones' traces at once (``--trace`` repeated), moving between them at a migration cost."""
+    job = DeadlineJob(job_hours, deadline_hours, changeover_hours, spot_price, ondemand_price)
+    if len(trace) == 1:
+        result = run_deadline(load_spot_trace(trace[0]), job, policy, start_hour)
+    else:
+        result = run_deadline_zones([load_spot_trace(t) for t in trace], job, policy,
+                                    Migration.of(data_gb, egress_usd_per_gb, transfer_gbps), start_hour)
     emit(result.as_dict(), json_out, _deadline_table)
 
 
 def _deadline_table(d: dict[str, Any]) -> None:
     met = "[green]met[/]" if d["met_deadline"] else "[red]MISSED[/]"
     finish = "never" if d["finish_hour"] is None else f"{d['finish_hour']:.2f} h"
+    moves = f"; {d['moves']} move(s) between zones" if "moves" in d else ""
     console.print(f"[bold]{d['policy']}[/]: ${d['cost']:,.2f} — spot {d['spot_hours']:.2f} h, on-demand "
-                  f"{d['ondemand_hours']:.2f} h; finished at {finish}, deadline {met}")
+                  f"{d['ondemand_hours']:.2f} h; finished at {finish}, deadline {met}{moves}")
 
 
 @app.command("cluster")

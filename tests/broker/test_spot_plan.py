@@ -138,3 +138,58 @@ def test_waiting_for_spot_is_not_a_failed_round() -> None:
                        data={"tries": tries, **({"waits_for_spot": True} if i < 3 else {})}) for i in range(5)]
     wait = PlacementWait.of(job, events)
     assert wait.rounds == 2 and wait.reasons == ("no spot",)
+
+
+def test_across_zones_the_simulator_and_broker_share_the_functions() -> None:
+    """The multi-zone simulator's lockstep runs the same placement functions as one zone and the router."""
+    import broker.simulate.zones as zones
+
+    assert zones.decide is broker.router.decide is policies.placement.decide
+    assert zones.candidates is policies.placement.candidates and zones.rebalance is broker.loops.rebalance
+
+
+def test_the_live_union_of_zones_is_the_simulators(store: Store) -> None:
+    """Two zones' histories recorded as the broker records its own spot allocations: ``SpotMarkets.union`` over
+    the job's spot options in both zones gives the market the multi-zone simulator plans with (the union of
+    the two traces: its model and its present)."""
+    from broker.models import Fabric, QuoteOption
+    from broker.simulate.zones import LockstepZones, Migration
+    from broker.spot_markets import SpotMarkets
+
+    rng = np.random.default_rng(5)
+
+    def trace(n: int) -> np.ndarray:
+        runs, up = [], True
+        while sum(runs) < n:
+            runs.append(int(rng.integers(5, 40)))
+            up = not up
+        return np.concatenate([np.full(r, i % 2 == 0) for i, r in enumerate(runs)])[:n]
+
+    first = 1680
+    traces = {"za": trace(first), "zb": trace(first)}
+    t_first = EPOCH - timedelta(seconds=first * GAP)
+    job_spec = DeadlineJob(job_hours=12, deadline_hours=22, changeover_hours=0.2, spot_price=0.9, ondemand_price=3.06)
+    store.create_job(Job(id="history", spec=_sim_spec(job_spec.seconds()), created_at=t_first, updated_at=t_first))
+    n = 0
+    for zone, series in traces.items():
+        edges = np.flatnonzero(np.diff(np.r_[0, series.astype(int), 0]))
+        for a, b in zip(edges[::2], edges[1::2], strict=True):
+            start, end = t_first + timedelta(seconds=int(a) * GAP), t_first + timedelta(seconds=int(b) * GAP)
+            n += 1
+            store.add_allocation(Allocation(
+                id=f"history-{n}", job_id="history", attempt=n, provider="sim", offer_id=f"sim:spot:{zone}",
+                state=AllocationState.preempted, zone=zone, region="sim", created_at=start, updated_at=end,
+                attrs={"sku": "sim", "market": "spot", "running_since": start.isoformat()}))
+    hours = job_spec.job_hours
+    options = [QuoteOption(offer_id=f"sim:spot:{z}", provider="sim", market=Market.spot, sku="sim", region="sim",
+                           zone=z, nodes=1, gpus_per_node=1, gpu="V100-16GB", fabric=Fabric.none, fabric_gbps=0.0,
+                           usd_per_hour=0.9, expected_hours=hours, expected_cost_usd=0.9 * hours,
+                           interruptible=True) for z in traces]
+    now = EPOCH  # the submission: the history ends the tick before, and the market stays as last seen
+    live = SpotMarkets(store).union(options, submitted=now, deadline=now + timedelta(hours=22), now=now)
+    sim = LockstepZones([traces["za"], traces["zb"]], GAP)
+    sim.start(job_spec.seconds(), GAP, Migration(), 2)
+    assert live.model == sim.union.model and live.model.runs_seen > 20
+    # one zone alone is another market: the union is what a job free to move plans with
+    alone = SpotMarkets(store).union(options[:1], submitted=now, deadline=now + timedelta(hours=22), now=now)
+    assert alone.model != live.model

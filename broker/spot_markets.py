@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from broker.models import Allocation, AllocationState, Market, QuoteOption
-from policies.spot import MODEL_WINDOW_HOURS, Observation, SpotMarket, observed_market, observed_union_market
+from policies.spot import MODEL_WINDOW_HOURS, Observation, SpotMarket, observed_market
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -86,15 +86,3 @@ class SpotMarkets:
         return observed_market(obs, now=now, submitted=submitted,
                                deadline_hours=(deadline - submitted).total_seconds() / 3600.0,
                                gap_seconds=GAP_SECONDS)
-
-    def union(self, options: list[QuoteOption], *, submitted: datetime, deadline: datetime,
-              now: datetime) -> SpotMarket:
-        """The spot plan's view of every spot market among ``options`` at once (each zone and region the job's
-        spec allows): spot is up when any of them has it (``policies.spot.observed_union_market``). A
-        preempted job re-placed with this market weighs spot *anywhere*, and the router's walk down the
-        ranked spot candidates launches it where spot is. Blocking."""
-        since = submitted - timedelta(hours=MODEL_WINDOW_HOURS)
-        keys = list(dict.fromkeys(market_key(o) for o in options if o.market is Market.spot))
-        return observed_union_market([self.observations(k, since, now) for k in keys], now=now, submitted=submitted,
-                                     deadline_hours=(deadline - submitted).total_seconds() / 3600.0,
-                                     gap_seconds=GAP_SECONDS)

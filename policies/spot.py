@@ -266,31 +266,6 @@ def observed_market(observations: Sequence[Observation], *, now: datetime, submi
                        step_hours=plan_step_hours(deadline_hours))
 
 
-def observed_union_market(observations: Sequence[Sequence[Observation]], *, now: datetime, submitted: datetime,
-                          deadline_hours: float, gap_seconds: float) -> SpotMarket:
-    """:func:`observed_market` over several markets at once (zones or regions a job may run in): spot is up
-    at a tick when it is up in any of them — what a job that may move between them can have.
-
-    Each market's series ends with the tick of ``now``; they are aligned on that end (before a
-    market's first observation it counts as down) and OR-ed, as the simulator's multi-zone
-    ``lockstep`` unites its traces (broker/simulate/zones.py).
-    """
-    since = submitted - timedelta(hours=MODEL_WINDOW_HOURS)
-    parts = [availability_series(obs, until=now, since=since, gap_seconds=gap_seconds) for obs in observations]
-    known = [(series, first) for series, first in parts if first is not None]
-    if not known:
-        return observed_market([], now=now, submitted=submitted, deadline_hours=deadline_hours,
-                               gap_seconds=gap_seconds)
-    length = max(len(series) for series, _ in known)
-    union = np.zeros(length, dtype=bool)
-    for series, _ in known:
-        union[length - len(series):] |= series
-    first = min(f for _, f in known)
-    submitted_tick = max(0, int((submitted - first).total_seconds() // gap_seconds))
-    return spot_market(union, gap_seconds, submitted_tick=min(submitted_tick, len(union)),
-                       step_hours=plan_step_hours(deadline_hours))
-
-
 # --------------------------------------------------------------------------- the plan
 
 

@@ -40,6 +40,7 @@ from policies.spot import (
     availability_model,
     current_run,
     model_span,
+    must_run_on_demand,
     plan_step_hours,
     spot_zone_costs,
 )
@@ -210,16 +211,18 @@ class _Market:
 
 
 class LockstepZones:
-    """The broker's policy across zones: the same ``decide`` / ``rebalance`` / ``candidates`` as one zone, with
-    the market being *spot anywhere the job may run* and the zone chosen by expected cost.
+    """The broker's policy across zones: the single-zone ``decide`` / ``rebalance`` / ``candidates`` on the market
+    where the job's checkpoint lies, and a move to another zone where it replaces on-demand for less.
 
-    - The plan's market is the union of the zones (spot is up when some zone has it), learnt from the
-      union of their histories, as ``broker.spot_markets.SpotMarkets.union`` builds it live.
-    - The changeover it weighs is the local one when the checkpoint's zone has spot, else the
-      changeover plus the migration (a start elsewhere moves the data and the checkpoint).
-    - A spot launch goes where ``policies.spot.spot_zone_costs`` says a progress hour is cheapest
-      (its price, plus the changeover, migration and egress spread over the hours spot is expected
-      to stay there); on-demand runs where the checkpoint is. A running spot instance is kept.
+    - The plan runs as in one zone, on the checkpoint's zone (its model from that zone's history,
+      its present): waiting there is free, so a job the plan would keep waiting never pays to move.
+    - Where the plan would run on-demand (start it, or stay on it), a spot start in another zone
+      is weighed instead: ``policies.spot.spot_zone_costs`` — the spot price plus the changeover,
+      the migration's time and its egress spread over the hours spot is expected to stay there —
+      against the on-demand price. The cheapest zone below it wins; none: on-demand where the
+      checkpoint is. Never while the slack no longer covers two changeovers with the migration
+      (the safety net, as in one zone).
+    - A running spot instance is kept.
     """
 
     name = "lockstep-zones"
@@ -233,31 +236,39 @@ class LockstepZones:
         step_h = plan_step_hours(job.deadline / 3600.0)
         hist = self.histories or [np.zeros(0, dtype=bool)] * zones
         self.zones = [_Market(h, gap, step_h) for h in hist]
-        union = np.logical_or.reduce(np.stack(hist)) if len(hist[0]) else np.zeros(0, dtype=bool)
-        self.union = _Market(union, gap, step_h)
 
     def act(self, step: ZoneStep) -> tuple[Mode, int]:
         markets = [m.see(a) for m, a in zip(self.zones, step.available, strict=True)]
-        union = self.union.see(any(step.available))
         if step.mode is Mode.spot:
             return Mode.spot, step.zone
-        local = step.available[step.zone]
-        restart_h = (self.job.changeover + (0 if local or not any(step.available) else self.migration.seconds)) / 3600
         situation = Situation(now=EPOCH + timedelta(seconds=step.elapsed),
                               deadline=EPOCH + timedelta(seconds=self.job.deadline), done_hours=step.done / 3600.0,
-                              spot_market=union, restart_minutes=restart_h * 60.0,
+                              spot_market=markets[step.zone], restart_minutes=self.job.changeover / 60.0,
                               decision_interval_hours=self.gap / 3600.0)
         if step.mode is Mode.on_demand:
             if not rebalance(self.spec, self.options, **situation).allow_spot:
-                return Mode.on_demand, step.zone
+                return self._instead_of_on_demand(step, markets)
         decision = decide(self.spec, self.options, max_queue_wait_hours=4.0, **situation)
-        mode = _launch(candidates(self.options, decision), any(step.available))
-        if mode is not Mode.spot:
-            return mode, step.zone
-        costs = spot_zone_costs(markets, here=step.zone, changeover_hours=self.job.changeover / 3600.0,
+        mode = _launch(candidates(self.options, decision), step.available[step.zone])
+        if mode is Mode.on_demand:
+            return self._instead_of_on_demand(step, markets)
+        return mode, step.zone
+
+    def _instead_of_on_demand(self, step: ZoneStep, markets: list[SpotMarket]) -> tuple[Mode, int]:
+        """On-demand where the checkpoint is, or spot elsewhere where a progress hour costs less."""
+        job = self.job
+        hours_left, work_left = (job.deadline - step.elapsed) / 3600.0, step.work_left / 3600.0
+        if must_run_on_demand(hours_left, work_left, (job.changeover + self.migration.seconds) / 3600.0,
+                              self.gap / 3600.0):
+            return Mode.on_demand, step.zone
+        costs = spot_zone_costs(markets, here=step.zone, changeover_hours=job.changeover / 3600.0,
                                 migration_hours=self.migration.hours, migration_usd=self.migration.usd,
-                                spot_usd_per_hour=self.job.spot_price)
-        return Mode.spot, min(costs, key=lambda z: (costs[z], z != step.zone, z))
+                                spot_usd_per_hour=job.spot_price)
+        costs.pop(step.zone, None)  # the checkpoint's own spot was the plan's to take, and it did not
+        best = min(costs, key=lambda z: (costs[z], z), default=None)
+        if best is not None and costs[best] < job.ondemand_price:
+            return Mode.spot, best
+        return Mode.on_demand, step.zone
 
 
 class OneZone:

@@ -7,14 +7,13 @@ import itertools
 import json
 import math
 import random
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from broker.errors import SpecError
-from broker.simulate.deadline import EPOCH, DeadlineJob, Lockstep, Mode, optimal, simulate
+from broker.simulate.deadline import DeadlineJob, Lockstep, Mode, optimal, simulate
 from broker.simulate.traces import SpotTrace
 from broker.simulate.zones import (
     FixedZones,
@@ -25,15 +24,7 @@ from broker.simulate.zones import (
     run_deadline_zones,
     simulate_zones,
 )
-from policies.spot import (
-    Observation,
-    SpotMarket,
-    availability_model,
-    expected_up_hours,
-    observed_market,
-    observed_union_market,
-    spot_zone_costs,
-)
+from policies.spot import SpotMarket, availability_model, expected_up_hours, spot_zone_costs
 from tests.simulate.helpers import write_trace
 from tests.simulate.test_cli import deadline_args, lockstep
 
@@ -111,30 +102,6 @@ def test_spot_zone_costs_prefer_home_unless_a_move_pays() -> None:
     gone = spot_zone_costs([SpotMarket(calm, False, 1.0), SpotMarket(calm, True, 0.0)], here=0,
                            changeover_hours=0.2, migration_hours=0.1, migration_usd=1.0, spot_usd_per_hour=0.9)
     assert set(gone) == {1}
-
-
-def test_the_live_union_market_is_the_simulators() -> None:
-    """What the live broker observed in two zones, united, is the model the simulator learns from the OR of the
-    two traces (the same function, the same series)."""
-    gap = 360
-    rng = np.random.default_rng(1)
-    a, b = rng.random(600) < 0.5, rng.random(600) < 0.5
-    t0 = EPOCH - timedelta(seconds=600 * gap)
-
-    def observations(series: np.ndarray) -> list[Observation]:
-        out = []
-        for i, up in enumerate(series):
-            at = t0 + timedelta(seconds=i * gap)
-            out.append(Observation(at, at, bool(up)))
-        return out
-
-    now = t0 + timedelta(seconds=599 * gap)
-    live = observed_union_market([observations(a), observations(b)], now=now, submitted=now, deadline_hours=20,
-                                 gap_seconds=gap)
-    alone = observed_market(observations(a | b), now=now, submitted=now, deadline_hours=20, gap_seconds=gap)
-    assert live == alone
-    assert observed_union_market([[], []], now=now, submitted=now, deadline_hours=20, gap_seconds=gap).model == \
-        observed_market([], now=now, submitted=now, deadline_hours=20, gap_seconds=gap).model
 
 
 def test_traces_must_share_their_tick() -> None:

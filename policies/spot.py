@@ -430,12 +430,13 @@ def expected_up_hours(model: AvailabilityModel, age_hours: float) -> float:
 
 
 def spot_zone_costs(markets: Sequence[SpotMarket], *, here: int, changeover_hours: float, migration_hours: float,
-                    migration_usd: float, spot_usd_per_hour: float) -> dict[int, float]:
+                    migration_usd: float, spot_usd_per_hour: float, switch_back_usd: float = 0.0) -> dict[int, float]:
     """Expected USD per hour of progress for a spot start in each zone that has spot now (by index).
 
     A start pays its changeover (and, away from ``here`` — where the checkpoint and data lie —
-    the migration's transfer time and egress) once, spread over the hours spot is expected to
-    stay in that zone at its present age; each of those hours costs the spot price. The zone
+    the migration's transfer time and egress) once, and ``switch_back_usd`` (the risk of switching
+    back: a changeover to on-demand when that spot is lost), spread over the hours spot is expected
+    to stay in that zone at its present age; each of those hours costs the spot price. The zone
     where a progress hour is cheapest wins: the checkpoint's own zone unless another one's spot
     is expected to last long enough to pay for the move.
     """
@@ -446,7 +447,7 @@ def spot_zone_costs(markets: Sequence[SpotMarket], *, here: int, changeover_hour
         overhead_h = changeover_hours + (0.0 if z == here else migration_hours)
         stay = expected_up_hours(m.model, m.age_hours)
         progress = max(stay - overhead_h, 1e-6)
-        out[z] = (spot_usd_per_hour * stay + (0.0 if z == here else migration_usd)) / progress
+        out[z] = (spot_usd_per_hour * stay + (0.0 if z == here else migration_usd) + switch_back_usd) / progress
     return out
 
 

@@ -218,7 +218,8 @@ class LockstepZones:
       its present): waiting there is free, so a job the plan would keep waiting never pays to move.
     - Where the plan would run on-demand (start it, or stay on it), a spot start in another zone
       is weighed instead: ``policies.spot.spot_zone_costs`` — the spot price plus the changeover,
-      the migration's time and its egress spread over the hours spot is expected to stay there —
+      the migration's time and its egress, and the changeover back to on-demand when that spot is
+      lost, spread over the hours spot is expected to stay there —
       against the on-demand price. The cheapest zone below it wins; none: on-demand where the
       checkpoint is. Never while the slack no longer covers two changeovers with the migration
       (the safety net, as in one zone).
@@ -263,7 +264,8 @@ class LockstepZones:
             return Mode.on_demand, step.zone
         costs = spot_zone_costs(markets, here=step.zone, changeover_hours=job.changeover / 3600.0,
                                 migration_hours=self.migration.hours, migration_usd=self.migration.usd,
-                                spot_usd_per_hour=job.spot_price)
+                                spot_usd_per_hour=job.spot_price,
+                                switch_back_usd=job.changeover / 3600.0 * job.ondemand_price)
         costs.pop(step.zone, None)  # the checkpoint's own spot was the plan's to take, and it did not
         best = min(costs, key=lambda z: (costs[z], z), default=None)
         if best is not None and costs[best] < job.ondemand_price:

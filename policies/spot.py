@@ -392,6 +392,65 @@ def _solve(model: AvailabilityModel, changeover_steps: int, price_ratio: float, 
     return table
 
 
+OUTAGE_QUANTILE = 0.9  # the share of outages (of the current age) the slack must outlast before on-demand is taken
+
+
+def outage_quantile_hours(model: AvailabilityModel, age_hours: float, quantile: float = OUTAGE_QUANTILE) -> float:
+    """How much longer an outage that has lasted ``age_hours`` goes on, at ``quantile`` of the market's outages.
+
+    From the model's down-hazards (the history's observed outages, smoothed by the prior): the
+    remaining time that only ``1 − quantile`` of such outages outlast. Past the last age bucket
+    the hazard is constant, so the tail is geometric and solved in closed form.
+    """
+    B, step = model.buckets, model.step_hours
+    b = min(int(age_hours / step + 1e-9), B - 1)
+    alive, steps, target = 1.0, 0, 1.0 - quantile
+    while b < B - 1:
+        if alive <= target:
+            return steps * step
+        alive *= 1.0 - model.down_hazard[b]
+        steps, b = steps + 1, b + 1
+    if alive <= target:
+        return steps * step
+    tail = model.down_hazard[-1]
+    return (steps + math.ceil(math.log(target / alive) / math.log(1.0 - tail))) * step
+
+
+def expected_up_hours(model: AvailabilityModel, age_hours: float) -> float:
+    """How long spot that has been up ``age_hours`` is expected to stay, from the model's up-hazards."""
+    B, step = model.buckets, model.step_hours
+    b = min(int(age_hours / step + 1e-9), B - 1)
+    alive, total = 1.0, 0.0
+    while b < B - 1:
+        alive *= 1.0 - model.up_hazard[b]
+        total += alive
+        b += 1
+    tail = model.up_hazard[-1]
+    return (total + alive * (1.0 - tail) / tail) * step
+
+
+def spot_zone_costs(markets: Sequence[SpotMarket], *, here: int, changeover_hours: float, migration_hours: float,
+                    migration_usd: float, spot_usd_per_hour: float, switch_back_usd: float = 0.0) -> dict[int, float]:
+    """Expected USD per hour of progress for a spot start in each zone that has spot now (by index).
+
+    A start pays its changeover (and, away from ``here`` — where the checkpoint and data lie —
+    the migration's transfer time and egress) once, and ``switch_back_usd`` (the risk of switching
+    back: a changeover to on-demand when that spot is lost), spread over the hours spot is expected
+    to stay in that zone at its present age; each of those hours costs the spot price. The zone
+    where a progress hour is cheapest wins: the checkpoint's own zone unless another one's spot
+    is expected to last long enough to pay for the move.
+    """
+    out: dict[int, float] = {}
+    for z, m in enumerate(markets):
+        if not m.up:
+            continue
+        overhead_h = changeover_hours + (0.0 if z == here else migration_hours)
+        stay = expected_up_hours(m.model, m.age_hours)
+        progress = max(stay - overhead_h, 1e-6)
+        out[z] = (spot_usd_per_hour * stay + (0.0 if z == here else migration_usd) + switch_back_usd) / progress
+    return out
+
+
 @dataclass(frozen=True)
 class SpotChoice:
     """What to run: ``if_available`` when a spot launch would succeed now, ``if_unavailable`` otherwise.
@@ -463,4 +522,16 @@ def spot_choice(
     verdict = {Market.spot: "spot", Market.on_demand: "on-demand", None: "wait"}
     reason = (f"plan over the market's history: if spot can be had, {verdict[if_up]}; "
               f"if not, {verdict[if_down]}")
+    if running is None and if_down is Market.on_demand:
+        # No regret: on-demand now costs what on-demand later costs, so a job that lost spot (or
+        # waits for it) commits to on-demand only once its slack no longer covers a changeover, the
+        # decision interval and this outage at the market's observed quantile. Until then waiting is
+        # free. (Where spot can be had, the plan's own choice stands: it weighs what a start on
+        # flaky spot costs in changeovers and in switching back.)
+        outage = outage_quantile_hours(model, spot_age_hours if not spot_up else 0.0)
+        numbers["outage_quantile_hours"] = round(outage, 3)
+        if hours_left - work_left_hours >= changeover_hours + outage + decision_interval_hours:
+            if_down = None
+            reason += (f"; but the slack still outlasts a changeover and {OUTAGE_QUANTILE:.0%} of outages "
+                       f"({outage:.2f} h): wait for spot rather than on-demand")
     return SpotChoice(if_up, if_down, reason, numbers)

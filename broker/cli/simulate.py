@@ -37,7 +37,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 @app.command("deadline")
 def deadline(
     ctx: typer.Context,
-    trace: Annotated[Path, typer.Option("--trace", help="Spot availability trace (JSON: metadata.gap_seconds, data).")],
+    trace: Annotated[list[Path], typer.Option("--trace", help="Spot availability trace (JSON: metadata.gap_seconds, "
+                                                              "data); repeat it for several zones or regions, "
+                                                              "aligned in time, the first the job's home.")],
     job_hours: Annotated[float, typer.Option("--job-hours", help="Compute the job needs, hours.")],
     deadline_hours: Annotated[float, typer.Option("--deadline-hours", help="Deadline after submission, hours.")],
     changeover_hours: Annotated[float, typer.Option("--changeover-hours", help="Delay of every (re)start, hours.")],
@@ -45,12 +47,20 @@ def deadline(
     ondemand_price: Annotated[float, typer.Option("--ondemand-price", help="On-demand USD per hour.")],
     policy: Annotated[str, typer.Option("--policy", help="ondemand | greedy | uniform-progress | lockstep | optimal")],
     start_hour: Annotated[float, typer.Option("--start-hour", help="Submission, hours into the trace.")] = 0.0,
+    data_gb: Annotated[float, typer.Option("--data-gb", help="Several traces: data and checkpoint moved with the "
+                                                             "job to another zone, GB.")] = 0.0,
+    egress_usd_per_gb: Annotated[float, typer.Option("--egress-usd-per-gb", help="Several traces: egress price "
+                                                                                 "of a move, USD per GB.")] = 0.02,
+    transfer_gbps: Annotated[float, typer.Option("--transfer-gbps", help="Several traces: transfer speed of a "
+                                                                         "move, Gbit/s.")] = 2.0,
     json_out: JsonOpt = False,
 ) -> None:
-    """One deadline job on spot and on-demand over a trace (the setting of "Can't Be Late", NSDI'24)."""
+    """One deadline job on spot and on-demand over a trace (the setting of "Can't Be Late", NSDI'24), or over
+    several zones' traces at once (``--trace`` repeated), moving between them at a migration cost."""
     result = _with_service(get_ctx(ctx).settings, lambda svc: svc.simulate_deadline(
         trace, job_hours=job_hours, deadline_hours=deadline_hours, changeover_hours=changeover_hours,
-        spot_price=spot_price, ondemand_price=ondemand_price, policy=policy, start_hour=start_hour))
+        spot_price=spot_price, ondemand_price=ondemand_price, policy=policy, start_hour=start_hour,
+        data_gb=data_gb, egress_usd_per_gb=egress_usd_per_gb, transfer_gbps=transfer_gbps))
     emit(result, json_out, _deadline_table)
 
 
@@ -69,8 +79,9 @@ def _with_service(settings: Settings, fn: Callable[[Lockstep], Awaitable[T]]) ->
 def _deadline_table(d: dict[str, Any]) -> None:
     met = "[green]met[/]" if d["met_deadline"] else "[red]MISSED[/]"
     finish = "never" if d["finish_hour"] is None else f"{d['finish_hour']:.2f} h"
+    moves = f"; {d['moves']} move(s) between zones" if "moves" in d else ""
     console.print(f"[bold]{d['policy']}[/]: ${d['cost']:,.2f} — spot {d['spot_hours']:.2f} h, on-demand "
-                  f"{d['ondemand_hours']:.2f} h; finished at {finish}, deadline {met}")
+                  f"{d['ondemand_hours']:.2f} h; finished at {finish}, deadline {met}{moves}")
 
 
 @app.command("cluster")

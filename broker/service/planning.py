@@ -27,15 +27,21 @@ def _gpu(name: str) -> str:
 
 
 class PlanningService(Runtime):
-    async def simulate_deadline(self, trace: Path, *, job_hours: float, deadline_hours: float,
+    async def simulate_deadline(self, traces: list[Path], *, job_hours: float, deadline_hours: float,
                                 changeover_hours: float, spot_price: float, ondemand_price: float, policy: str,
-                                start_hour: float) -> dict[str, Any]:
-        """One deadline job on spot and on-demand over a spot availability trace."""
+                                start_hour: float, data_gb: float = 0.0, egress_usd_per_gb: float = 0.0,
+                                transfer_gbps: float = 1.0) -> dict[str, Any]:
+        """One deadline job on spot and on-demand over a spot availability trace, or over several zones' traces
+        (aligned in time, the first the job's home), moving between them at a migration cost."""
         from broker.simulate.deadline import DeadlineJob, run_deadline
         from broker.simulate.traces import load_spot_trace
+        from broker.simulate.zones import Migration, run_deadline_zones
 
         job = DeadlineJob(job_hours, deadline_hours, changeover_hours, spot_price, ondemand_price)
-        return run_deadline(load_spot_trace(trace), job, policy, start_hour).as_dict()
+        if len(traces) == 1:
+            return run_deadline(load_spot_trace(traces[0]), job, policy, start_hour).as_dict()
+        return run_deadline_zones([load_spot_trace(t) for t in traces], job, policy,
+                                  Migration.of(data_gb, egress_usd_per_gb, transfer_gbps), start_hour).as_dict()
 
     async def simulate_cluster(self, pods: Path, spot_trace: Path, *, onprem_gpus: int, gpus_per_node: int, gpu: str,
                          policy: str) -> dict[str, Any]:

@@ -138,3 +138,12 @@ def test_waiting_for_spot_is_not_a_failed_round() -> None:
                        data={"tries": tries, **({"waits_for_spot": True} if i < 3 else {})}) for i in range(5)]
     wait = PlacementWait.of(job, events)
     assert wait.rounds == 2 and wait.reasons == ("no spot",)
+
+
+def test_across_zones_the_simulator_and_broker_share_the_functions() -> None:
+    """The multi-zone simulator's lockstep runs the same placement functions as one zone and the router."""
+    import broker.simulate.zones as zones
+
+    assert zones.decide is broker.router.decide is policies.placement.decide
+    assert zones.candidates is policies.placement.candidates and zones.rebalance is broker.loops.rebalance
+

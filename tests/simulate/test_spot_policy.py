@@ -161,3 +161,29 @@ def test_progress_hours_is_what_the_simulator_counts() -> None:
         want = sum(s.work for s in r.segments[:cut]) / 3600
         got = progress_hours(allocs, now, restart_minutes=12, checkpoint_minutes=CHECKPOINT_MINUTES)
         assert got == pytest.approx(want, abs=1e-6)
+
+
+def test_outage_quantile_follows_the_history() -> None:
+    from policies.spot import outage_quantile_hours
+
+    short = availability_model(([True] * 10 + [False]) * 90, 600)  # one-tick blips
+    long = availability_model(([True] * 10 + [False] * 30) * 25, 600)  # five-hour outages
+    assert outage_quantile_hours(short, 0.0) <= 2 * short.step_hours
+    assert outage_quantile_hours(long, 0.0) >= 4.0
+    # an outage that has lasted is expected to last longer in the blippy market (past its blips)
+    assert outage_quantile_hours(short, 2.0) > outage_quantile_hours(short, 0.0)
+    assert outage_quantile_hours(long, 0.0, 0.5) < outage_quantile_hours(long, 0.0, 0.95)
+
+
+def test_no_on_demand_while_the_slack_outlasts_the_outage() -> None:
+    """A job that lost spot waits for it while its slack covers a changeover and the market's outage quantile;
+    with less slack the plan may take on-demand (issue 30: no regret in calm markets)."""
+    from policies.spot import outage_quantile_hours
+
+    scarce = availability_model(([True] * 6 + [False] * 6) * 80, 600)  # up an hour, down an hour
+    q = outage_quantile_hours(scarce, 0.0)
+    roomy = choice(scarce, hours_left=40 + 0.2 + q + 0.5, work=40, up=False)
+    assert roomy.if_unavailable is None and "outages" in roomy.reason
+    assert roomy.numbers["outage_quantile_hours"] == pytest.approx(q, abs=1e-3)
+    tight = choice(scarce, hours_left=40 + 0.2 + q - 0.3, work=40, up=False)
+    assert tight.if_unavailable is Market.on_demand  # the plan's own choice, once waiting is no longer free

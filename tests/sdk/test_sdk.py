@@ -44,7 +44,8 @@ class Served:
 
 
 @pytest.fixture
-async def served(tmp_path: Path, vast_api: VastApiServer) -> AsyncIterator[Served]:
+async def served(request: pytest.FixtureRequest, tmp_path: Path, vast_api: VastApiServer) -> AsyncIterator[Served]:
+    """A `lockstep serve` on loopback; ``api`` settings from an indirect parameter, if any."""
     db_url = f"sqlite:///{tmp_path / 'lockstep.db'}"
     with open_store(db_url) as store:
         _, token = store.create_token("alpha", Role.user)
@@ -56,6 +57,7 @@ async def served(tmp_path: Path, vast_api: VastApiServer) -> AsyncIterator[Serve
         "runtime": {"log_interval_s": 0.3, "grace_s": 2.0},
         "vast": {"enabled": True, "url": vast_api.url, "min_reliability": 0.0, "verified_only": False},
         "catalog": {"enabled": False},
+        "api": getattr(request, "param", {}),
     }))
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
     env.update(PYTHONPATH=str(ROOT), LOCKSTEP_VAST_API_KEY=VAST_TEST_KEY)
@@ -171,6 +173,9 @@ async def test_the_blocking_client_and_an_unreachable_server(served: Served) -> 
     assert served.token not in str(down.value)
 
 
+# The second server ends every followed stream after a second: the clients reopen it from their last cursor
+# several times while the job runs (the server does what a restart would), and still see each change once.
+@pytest.mark.parametrize("served", [{}, {"log_follow_max_s": 1.0}], ids=["one-stream", "reopened"], indirect=True)
 async def test_a_jobs_state_changes_arrive_as_events_resumable_from_a_cursor(served: Served) -> None:
     """``AsyncClient.events(follow=True)`` and the blocking ``Client.events(follow=True)`` (in a thread) both
     follow the live stream while a job runs; each hands back the server's StreamEvent, and the job's history
@@ -199,7 +204,7 @@ async def test_a_jobs_state_changes_arrive_as_events_resumable_from_a_cursor(ser
 
         live = asyncio.create_task(follow())
         blocking = asyncio.create_task(asyncio.to_thread(follow_blocking))
-        await asyncio.sleep(1.0)  # both followers connected ("now" is pinned to a cursor when they start)
+        await asyncio.sleep(1.5)  # both followers connected ("now" is pinned to a cursor when they start)
         job = await ls.submit(job_spec("sdk-events", 'echo "done"'))
         async with asyncio.timeout(180):
             seen, seen_blocking = await live, await blocking

@@ -30,13 +30,18 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from enum import StrEnum
 from typing import TypeVar
 
-from pydantic import BaseModel, Field
-
 from broker.errors import BadRequestError, CapacityError, ProviderAuthError, ProviderError, QuotaError
-from broker.models import Offer, OfferSource, Perf, utcnow
+from broker.models import (  # the health models are re-exported: they were defined here
+    CircuitInfo,
+    CircuitState,
+    Offer,
+    OfferSource,
+    Perf,
+    ProviderHealth,
+    utcnow,
+)
 from policies.assembly import combine, is_assembled, member_ids
 from policies.book import PRUNE_MIN_ROWS, OfferBook
 from providers.base import OfferQuery, Provider, matches
@@ -46,27 +51,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class CircuitState(StrEnum):
-    closed = "closed"  # calls go through
-    open = "open"  # no calls until ``next_probe_at``
-    half_open = "half_open"  # one probe call is allowed (or in flight); its outcome closes or reopens
-    auth_failed = "auth_failed"  # credentials refused: no calls until the provider's configuration changes
-
-
 # The numbers /metrics reports for each state (lockstep_provider_circuit_state): higher is worse.
 CIRCUIT_CODES = {CircuitState.closed: 0, CircuitState.half_open: 1, CircuitState.open: 2,
                  CircuitState.auth_failed: 3}
-
-
-class CircuitInfo(BaseModel):
-    """A provider's circuit as ``GET /v1/providers`` shows it."""
-
-    state: CircuitState = CircuitState.closed
-    failures: int = Field(default=0, description="consecutive failed calls (refresh, launch, poll)")
-    opened: int = Field(default=0, description="times opened in a row; the backoff doubles with each")
-    since: datetime | None = Field(default=None, description="when it entered this state")
-    next_probe_at: datetime | None = Field(default=None, description="when an open circuit lets one probe call through")
-    reason: str = Field(default="", description="the last failure")
 
 
 @dataclass(frozen=True)
@@ -229,21 +216,6 @@ class CircuitBreaker:
             raise
         ticket.record(None)
         return result
-
-
-class ProviderHealth(BaseModel):
-    name: str
-    ok: bool = False
-    offers: int = 0
-    last_ok: datetime | None = None
-    last_attempt: datetime | None = None
-    last_error: str = ""
-    latency_s: float | None = None
-    stale: bool = True
-    age_s: float | None = None
-    circuit: CircuitInfo = Field(default_factory=CircuitInfo)
-    notes: list[str] = Field(default_factory=list,
-                             description="what is degraded though it answered, e.g. prices from a snapshot, and why")
 
 
 class Marketplace:

@@ -18,6 +18,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from types import UnionType
@@ -1265,3 +1266,56 @@ class WebhookDelivery(BaseModel):
     last_error: str = ""
     created_at: datetime = Field(default_factory=utcnow)
     delivered_at: datetime | None = None
+
+
+# --------------------------------------------------------------------------- providers' health and price spikes
+# Defined here (not in broker.market / policies.spikes, which use them) so the shells that show them import
+# only the models (tests/test_architecture.py).
+
+
+class CircuitState(StrEnum):
+    closed = "closed"  # calls go through
+    open = "open"  # no calls until ``next_probe_at``
+    half_open = "half_open"  # one probe call is allowed (or in flight); its outcome closes or reopens
+    auth_failed = "auth_failed"  # credentials refused: no calls until the provider's configuration changes
+
+
+class CircuitInfo(BaseModel):
+    """A provider's circuit as ``GET /v1/providers`` shows it."""
+
+    state: CircuitState = CircuitState.closed
+    failures: int = Field(default=0, description="consecutive failed calls (refresh, launch, poll)")
+    opened: int = Field(default=0, description="times opened in a row; the backoff doubles with each")
+    since: datetime | None = Field(default=None, description="when it entered this state")
+    next_probe_at: datetime | None = Field(default=None, description="when an open circuit lets one probe call through")
+    reason: str = Field(default="", description="the last failure")
+
+
+class ProviderHealth(BaseModel):
+    # A provider as the market last saw it (GET /v1/providers); no docstring, which would change the OpenAPI text.
+    name: str
+    ok: bool = False
+    offers: int = 0
+    last_ok: datetime | None = None
+    last_attempt: datetime | None = None
+    last_error: str = ""
+    latency_s: float | None = None
+    stale: bool = True
+    age_s: float | None = None
+    circuit: CircuitInfo = Field(default_factory=CircuitInfo)
+    notes: list[str] = Field(default_factory=list,
+                             description="what is degraded though it answered, e.g. prices from a snapshot, and why")
+
+
+@dataclass(frozen=True, slots=True)
+class Spike:
+    """A price spike in one series (the rule: policies.spikes)."""
+
+    start: datetime
+    end: datetime | None  # None: still open at the end of the series
+    peak: float
+    baseline: float
+
+    @property
+    def ratio(self) -> float:
+        return self.peak / self.baseline if self.baseline > 0 else math.inf

@@ -28,7 +28,6 @@ The command line is a user of this module: ``lockstep --server URL`` and the loc
 from __future__ import annotations
 
 import functools
-import json as _json
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ if TYPE_CHECKING:
         PriceFilter,
         PriceSeries,
         Quote,
+        StreamEvent,
         Tenant,
         TenantCreate,
         TenantPatch,
@@ -104,9 +104,8 @@ class _Secret:
     def __repr__(self) -> str:
         return "**********"
 
-# A job event from GET /v1/events: {"cursor", "kind", "at", "tenant", "job_id", "from_state", "to_state",
-# "reason", "data"} (issue 26's contract; handed over as a mapping, as the server sends it).
-Event = dict[str, Any]
+EVENTS_PAGE = 500  # events asked for in one page of GET /v1/events (the server's default)
+CURSOR_HEADER = "Lockstep-Cursor"  # where a page of events ended, past other tenants' events too
 
 
 # --------------------------------------------------------------------------- errors
@@ -331,8 +330,25 @@ class _Calls:
                      params=params)
 
 
-def _events_params(since: str | None, follow: bool) -> dict[str, str]:
-    return {**({"since": since} if since else {}), **({"follow": "true"} if follow else {})}
+def _stream_event(raw: str | bytes) -> StreamEvent:
+    event: StreamEvent = _models().StreamEvent.model_validate_json(raw)
+    return event
+
+
+def _events_page_call(since: str | None) -> _Call[tuple[list[StreamEvent], str | None]]:
+    """One page of events after ``since`` and the cursor it ended at (the header: it moves on past other
+    tenants' events even when none of the caller's came)."""
+    params = {"limit": str(EVENTS_PAGE), **({"since": since} if since else {})}
+
+    def parse(r: httpx.Response) -> tuple[list[StreamEvent], str | None]:
+        events = [_stream_event(raw) for raw in r.text.splitlines() if raw.strip()]
+        return events, r.headers.get(CURSOR_HEADER) or (events[-1].cursor if events else since)
+
+    return _Call("GET", "/v1/events", parse, params=params, headers={"Accept": NDJSON})
+
+
+def _follow_params(cursor: str | None) -> dict[str, str]:
+    return {"follow": "true", **({"since": cursor} if cursor else {})}
 
 
 # --------------------------------------------------------------------------- retries
@@ -492,17 +508,31 @@ class AsyncClient(_Base):
         async for raw in self._stream(f"/v1/jobs/{_seg(job_id)}/logs", params):
             yield _log_line(raw)
 
-    async def events(self, *, since: str | None = None, follow: bool = False) -> AsyncIterator[Event]:
-        """Job events (``GET /v1/events``), oldest first, from ``since`` (a cursor); with ``follow``, each new
-        one as it happens, reconnecting from the last cursor when the stream breaks off."""
+    async def events(self, *, since: str | None = None, follow: bool = False) -> AsyncIterator[StreamEvent]:
+        """Events (``GET /v1/events``: job state changes with their reasons, budget alerts, price spikes) the
+        token may see, oldest first, after ``since`` (an event's ``cursor``, ``"now"``, or None: the oldest
+        kept). Without ``follow``, every page up to now; with it, then each new one as it happens, for as long
+        as the caller iterates: a stream the server ends or that breaks off (a restart) is reopened from the
+        last cursor, so nothing is missed or repeated. Pass the last event's ``cursor`` as ``since`` to resume
+        in another process."""
         cursor = since
         while True:
             try:
-                async for raw in self._stream("/v1/events", _events_params(cursor, follow)):
-                    event: Event = _json.loads(raw)
-                    cursor = str(event.get("cursor") or cursor or "") or None
+                # Catch up page by page first: each page ends at a concrete cursor, so a reopened stream
+                # never starts again from "the oldest" or from a later "now".
+                while True:
+                    page, cursor = await self._run(_events_page_call(cursor))
+                    for event in page:
+                        yield event
+                    if len(page) < EVENTS_PAGE:
+                        break
+                if not follow:
+                    return
+                async for raw in self._stream("/v1/events", _follow_params(cursor)):
+                    event = _stream_event(raw)
+                    cursor = event.cursor
                     yield event
-                return
+                # the server ends a followed stream after api.log_follow_max_s: go on from the last cursor
             except Unreachable:
                 if not follow:
                     raise
@@ -639,15 +669,22 @@ class Client(_Base):
         for raw in self._stream(f"/v1/jobs/{_seg(job_id)}/logs", params):
             yield _log_line(raw)
 
-    def events(self, *, since: str | None = None, follow: bool = False) -> Iterator[Event]:
+    def events(self, *, since: str | None = None, follow: bool = False) -> Iterator[StreamEvent]:
+        """As :meth:`AsyncClient.events`."""
         cursor = since
         while True:
             try:
-                for raw in self._stream("/v1/events", _events_params(cursor, follow)):
-                    event: Event = _json.loads(raw)
-                    cursor = str(event.get("cursor") or cursor or "") or None
+                while True:
+                    page, cursor = self._run(_events_page_call(cursor))
+                    yield from page
+                    if len(page) < EVENTS_PAGE:
+                        break
+                if not follow:
+                    return
+                for raw in self._stream("/v1/events", _follow_params(cursor)):
+                    event = _stream_event(raw)
+                    cursor = event.cursor
                     yield event
-                return
             except Unreachable:
                 if not follow:
                     raise
@@ -708,7 +745,6 @@ __all__ = [
     "AsyncClient",
     "Client",
     "ConflictError",
-    "Event",
     "LockstepError",
     "NoFeasibleOption",
     "NotFoundError",

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from broker.models import Market
+from broker.models import Market, Spike  # Spike: a model the shells show
 
 __all__ = [
     "SPIKE_MARKETS",
@@ -51,18 +51,6 @@ SPIKE_MARKETS = frozenset({Market.spot.value, Market.on_demand.value})  # owned/
 def watched(market: str, stat: str) -> bool:
     """True for a series (by its market and stat) the spike rule applies to."""
     return stat in SPIKE_STATS and market in SPIKE_MARKETS
-
-
-@dataclass(frozen=True, slots=True)
-class Spike:
-    start: datetime
-    end: datetime | None  # None: still open at the end of the series
-    peak: float
-    baseline: float
-
-    @property
-    def ratio(self) -> float:
-        return self.peak / self.baseline if self.baseline > 0 else math.inf
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,24 +4,20 @@ call the service, broker/service/events.py).
 ``GET /v1/events`` answers NDJSON, one :class:`~broker.models.StreamEvent` a line, each with the cursor to
 resume from after it; the ``Lockstep-Cursor`` header says where the page ended (past other tenants' events
 too), so a poller that got no line still moves on. With ``follow=true`` the response stays open and each
-new event is sent as the store gets it, for at most ``api.log_follow_max_s``.
+new event is sent as the store gets it, for at most ``api.log_follow_max_s``; it ends within a second of its
+client hanging up or of the server stopping, however quiet the stream (broker/api/follow.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
+from broker.api.follow import NDJSON_TYPE, follow_ndjson
 from broker.api.keys import AUTH, SERVICE
 from broker.api.params import parse_query
-from broker.errors import LockstepError
 from broker.models import DeliveryState, Role, TokenInfo
 
-log = logging.getLogger(__name__)
-NDJSON_TYPE = "application/x-ndjson"
 CURSOR_HEADER = "Lockstep-Cursor"
 
 
@@ -60,23 +56,5 @@ async def get_events(request: web.Request) -> web.StreamResponse:
         events, end = await svc.events(params.since, scope, params.limit)
         return web.Response(text="".join(e.model_dump_json() + "\n" for e in events), content_type=NDJSON_TYPE,
                             headers={CURSOR_HEADER: end})
-    events_in = await svc.follow_events(params.since, scope)
-    resp = web.StreamResponse(headers={"Content-Type": NDJSON_TYPE, "Cache-Control": "no-store",
-                                       "X-Accel-Buffering": "no"})
-    resp.enable_chunked_encoding()
-    await resp.prepare(request)
-    try:
-        try:
-            async with asyncio.timeout(svc.settings.api.log_follow_max_s):
-                async for e in events_in:
-                    await resp.write((e.model_dump_json() + "\n").encode())
-        except TimeoutError:
-            pass  # the client follows again from its last cursor
-        await resp.write_eof()
-    except ConnectionResetError:
-        pass  # the client went away
-    except LockstepError as exc:  # once lines went out, an error can no longer be a status: the stream ends
-        log.warning("event stream ended early: %s", type(exc).__name__)
-    finally:
-        await events_in.aclose()  # type: ignore[attr-defined]
-    return resp
+    events_in = await svc.follow_events(params.since, scope)  # a bad cursor: a 400 before any line
+    return await follow_ndjson(request, events_in, svc.settings.api.log_follow_max_s, "event stream")

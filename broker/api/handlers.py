@@ -6,8 +6,6 @@ document is generated from, so the two cannot drift apart.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +16,7 @@ from pydantic import BaseModel
 
 from broker.api.errors import ApiError
 from broker.api.events import DeliveryParams, EventParams, get_events
+from broker.api.follow import NDJSON_TYPE, follow_ndjson
 from broker.api.keys import AUTH, METRICS, OPENAPI, SERVICE, TOKENS
 from broker.api.metrics import CONTENT_TYPE
 from broker.api.params import (
@@ -42,7 +41,7 @@ from broker.api.schemas import (
     ProvidersReport,
     TokenCreated,
 )
-from broker.errors import ConflictError, LockstepError, NotFoundError, SpecError
+from broker.errors import ConflictError, NotFoundError, SpecError
 from broker.models import (
     GpuSummary,
     Job,
@@ -186,8 +185,6 @@ async def get_job(request: web.Request) -> web.Response:
     return render(JobDetail(**dict(job), allocations=allocations))
 
 
-NDJSON_TYPE = "application/x-ndjson"
-
 
 async def job_logs(request: web.Request) -> web.StreamResponse:
     """One LogLine per line (NDJSON). With ``follow``, a chunked response that stays open while the job runs;
@@ -199,62 +196,7 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
         lines = await svc.job_logs(job_id, scope, tail=params.tail)
         return web.Response(text="".join(ln.model_dump_json() + "\n" for ln in lines), content_type=NDJSON_TYPE)
     lines_in = await svc.follow_logs(job_id, scope, tail=params.tail)  # not found: a 404 before any line
-    resp = web.StreamResponse(headers={"Content-Type": NDJSON_TYPE, "Cache-Control": "no-store",
-                                       "X-Accel-Buffering": "no"})
-    resp.enable_chunked_encoding()
-    await resp.prepare(request)
-
-    async def pump() -> None:
-        async for ln in lines_in:
-            await resp.write((ln.model_dump_json() + "\n").encode())
-
-    task = asyncio.get_running_loop().create_task(pump())
-    try:
-        ended = await _until_done_or_gone(request, task, svc.settings.api.log_follow_max_s)
-        if ended:
-            task.result()  # the job ended and its last lines are out (or an error, below)
-            await resp.write_eof()
-        elif _client_gone(request):
-            pass  # nobody is left to read the rest
-        else:  # api.log_follow_max_s, or the server is stopping: the client follows again if it wants more
-            await resp.write_eof()
-    except ConnectionResetError:
-        pass  # the client went away mid-write
-    except LockstepError as exc:  # once lines went out, an error can no longer be a status: the stream ends
-        log.warning("log stream of job %s ended early: %s", job_id, type(exc).__name__)
-    finally:
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        await lines_in.aclose()
-    return resp
-
-
-def _client_gone(request: web.Request) -> bool:
-    return request.transport is None or request.transport.is_closing()
-
-
-def _server_stopping(request: web.Request) -> bool:
-    # aiohttp marks each connection closing (Server.pre_shutdown) before it waits for handlers to finish:
-    # a follow that waited for its job would hold SIGTERM's shutdown for up to its whole timeout.
-    return bool(getattr(request.protocol, "_close", False))
-
-
-async def _until_done_or_gone(request: web.Request, task: asyncio.Task[None], max_s: float) -> bool:
-    """True when ``task`` finished; False when the client hung up, the server is stopping or ``max_s`` passed.
-    A quiet follow writes nothing, so nothing else would notice its client is gone: this looks twice a second."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + max_s
-    while True:
-        left = deadline - loop.time()
-        if left <= 0:
-            return False
-        done, _ = await asyncio.wait({task}, timeout=min(0.5, left))
-        if done:
-            return True
-        if _client_gone(request) or _server_stopping(request):
-            return False
+    return await follow_ndjson(request, lines_in, svc.settings.api.log_follow_max_s, f"log stream of job {job_id}")
 
 
 async def cancel_job(request: web.Request) -> web.Response:

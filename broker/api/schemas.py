@@ -12,8 +12,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from broker.market import ProviderHealth
-from broker.models import Allocation, Job, TokenInfo
+from broker.models import Allocation, Job, ProviderHealth, TokenInfo
 
 
 class ErrorDetail(BaseModel):

@@ -1,4 +1,4 @@
-"""`lockstep bench parse-nccl FILE` and `lockstep probe`: thin shells over broker.nccl and broker.probe.
+"""`lockstep bench parse-nccl FILE` and `lockstep probe`: thin shells over the service's nccl parser and probe.
 
 Bad input exits with code 2 and one readable line on stderr, never a traceback.
 """
@@ -8,15 +8,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from broker.errors import EXIT_BAD_INPUT, SpecError
-from broker.nccl import NcclResult, NcclRow, parse_nccl, small_message_latency_us
-from broker.probe import run_probe
+from broker.service import Lockstep
+
+if TYPE_CHECKING:
+    from broker.service.nodes import NcclResult, NcclRow
 
 
 def _console() -> Console:
@@ -89,7 +91,7 @@ def _nccl_table(result: NcclResult, source: str) -> None:
     console.print(table)
     doc = result.to_json_dict()
     avg = f"{doc['avg_busbw_gbps']:g} GB/s" + ("" if doc["avg_busbw_source"] == "printed" else " (mean of rows)")
-    latency = small_message_latency_us(result)
+    latency = doc["small_message_latency_us"]
     facts = [f"avg bus bandwidth {avg}"]
     facts.append(f"small-message latency {latency:g} µs" if latency is not None else "no small messages")
     if result.nranks:
@@ -107,7 +109,7 @@ def parse_nccl_command(
     """Parse nccl-tests output: per-size bandwidth and latency, average bus bandwidth."""
     text = read_text(file)
     try:
-        result = parse_nccl(text)
+        result = Lockstep.parse_nccl(text)
     except SpecError as exc:
         _fail(f"{file}: {exc.reason}")
     if json_out:
@@ -155,7 +157,7 @@ def probe_command(
     from broker.cli.progress import working
 
     with working("measuring this node: host, disk" + ("" if quick else " (minutes)") + ", GPUs and NCCL if present"):
-        doc = run_probe(quick=quick, disk_dir=disk_dir)
+        doc = Lockstep.probe_this_node(quick=quick, disk_dir=disk_dir)
     if json_out:
         typer.echo(json.dumps(doc, indent=2))
     else:

@@ -20,13 +20,12 @@ from broker.cli import render
 from broker.cli.app import get_ctx
 from broker.cli.backend import local_only, validated, with_service, with_store_or_server
 from broker.errors import SpecError
-from broker.models import PriceFilter, PriceSeries, SeriesKey, as_utc, parse_duration, utcnow
+from broker.models import PriceFilter, PriceSeries, SeriesKey, Spike, as_utc, parse_duration, utcnow
 
 if TYPE_CHECKING:
     from broker.sdk import AsyncClient
     from broker.service import Lockstep
     from broker.service.prices import Replay
-    from policies.spikes import Spike
 
 app = typer.Typer(no_args_is_help=True, help="Spot price tracking: history, alerts, replay.", add_completion=False,
                   pretty_exceptions_enable=False)
@@ -167,7 +166,7 @@ def history(
     png: Annotated[str | None, typer.Option("--png", help="Also write a chart to this PNG file.")] = None,
 ) -> None:
     """Stored price history: a chart and a table per series (or JSON)."""
-    from policies.spikes import SPIKE_STATS
+    from broker.service.prices import spike_stat_series
 
     now = utcnow()
     start = parse_since(since, now)
@@ -175,7 +174,7 @@ def history(
 
     def watched(series: list[PriceSeries]) -> list[PriceSeries]:
         if stat is None:  # by default the stats the spike rule watches: prices and marketplace medians
-            series = [s for s in series if s.stat in SPIKE_STATS]
+            series = spike_stat_series(series)
         return series
 
     async def read(svc: Lockstep) -> tuple[list[PriceSeries], dict[SeriesKey, list[Spike]]]:

@@ -12,6 +12,7 @@ from providers.capabilities import DrainsNodes
 
 if TYPE_CHECKING:
     from broker.burnin import BurnIn
+    from broker.nccl import NcclResult, NcclRow  # noqa: F401  (NcclRow: what a shell's table names)
 
 
 class NodesService(Runtime):
@@ -71,6 +72,20 @@ class NodesService(Runtime):
         from broker.burnin import benchmark_from_text
 
         return benchmark_from_text(text, provider, target, nccl=nccl)
+
+    @staticmethod
+    def parse_nccl(text: str) -> NcclResult:
+        """nccl-tests output read into per-size rows and its summary; SpecError naming what is wrong."""
+        from broker.nccl import parse_nccl
+
+        return parse_nccl(text)
+
+    @staticmethod
+    def probe_this_node(*, quick: bool = False, disk_dir: str | None = None) -> dict[str, Any]:
+        """Measure the machine this process runs on (host, disk; GPUs and NCCL when present): the probe's document."""
+        from broker.probe import run_probe
+
+        return run_probe(quick=quick, disk_dir=disk_dir)
 
     async def record_benchmark(self, bench: Benchmark, *, fabric: Fabric | None = None) -> Benchmark:
         """Store a benchmark judged by the health gates; an unhealthy node leaves the pool (and is drained)."""

@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from broker.errors import SpecError
-from broker.models import PriceFilter, PricePoint, PriceSeries, SeriesKey
+from broker.models import PriceFilter, PricePoint, PriceSeries, SeriesKey, Spike
 from broker.service.runtime import Runtime
 
 if TYPE_CHECKING:
     from broker.price_replay import SpotRecord
     from broker.tracker import TrackReport
-    from policies.spikes import Spike
 
 SERIES_WINDOW = timedelta(days=7)  # price_series reads this far back unless told ``since``
 
@@ -46,6 +45,14 @@ def series_spikes(series: list[PriceSeries], tracker: Any) -> dict[SeriesKey, li
                              tracker.clear_multiple, tracker.window) if watched(s.market.value, s.stat) else []
         for s in series
     }
+
+
+def spike_stat_series(series: list[PriceSeries]) -> list[PriceSeries]:
+    """The series whose stat the spike rule watches (prices and marketplace medians): what a chart of
+    spikes shows when no stat is asked for."""
+    from policies.spikes import SPIKE_STATS
+
+    return [s for s in series if s.stat in SPIKE_STATS]
 
 
 class PricesService(Runtime):

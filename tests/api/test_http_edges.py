@@ -116,15 +116,17 @@ def test_a_nul_in_a_header_is_a_400_logged_as_one_info_line(served: Served,
 
 
 def _follow_tasks(loop: asyncio.AbstractEventLoop) -> int:
-    return sum(1 for t in asyncio.all_tasks(loop) if "job_logs" in t.get_coro().__qualname__)  # type: ignore[union-attr]
+    # the pump of each followed answer (broker/api/follow.py; the logs' and the event stream's alike)
+    return sum(1 for t in asyncio.all_tasks(loop) if "follow_ndjson" in t.get_coro().__qualname__)  # type: ignore[union-attr]
 
 
-async def _open_follows(url: str, token: str, job_id: str, n: int) -> list[asyncio.StreamWriter]:
+async def _open_follows(url: str, token: str, job_id: str, n: int, path: str = "") -> list[asyncio.StreamWriter]:
+    """``n`` follows of the job's log (or of ``path``), each open once its headers came."""
     host, port = url.removeprefix("http://").split(":")
     writers = []
     for _ in range(n):
         reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(f"GET /v1/jobs/{job_id}/logs?follow=true HTTP/1.1\r\nHost: x\r\n"
+        writer.write(f"GET {path or f'/v1/jobs/{job_id}/logs?follow=true'} HTTP/1.1\r\nHost: x\r\n"
                      f"Authorization: Bearer {token}\r\n\r\n".encode())
         await writer.drain()
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
@@ -177,6 +179,8 @@ def test_sigterm_stops_a_server_with_follows_open_within_five_seconds(tmp_path: 
 
         async def scenario() -> float:
             writers = await _open_follows(url, token, job_id, 20)
+            # and quiet event streams: nothing happens after "now", so only the server's stopping ends them
+            writers += await _open_follows(url, token, job_id, 5, "/v1/events?follow=true&since=now")
             proc.send_signal(signal.SIGTERM)
             sent = time.monotonic()
             with contextlib.suppress(subprocess.TimeoutExpired):  # a bounded wait for the process to end

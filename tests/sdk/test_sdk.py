@@ -2,7 +2,7 @@
 server (tests/vastapi): submit → follow the log → the exit code → the spend; a spec error raises the SDK's
 SpecError naming the field; a submission whose answer was lost is retried with its idempotency key and returns
 the same job (a loopback proxy in front of the server loses the first answer); the blocking Client does what
-the AsyncClient does.
+the AsyncClient does; a job's state changes arrive through ``events(follow=True)`` and again from a cursor.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import asyncio
 import os
 import sys
 from collections.abc import AsyncIterator
+from contextlib import aclosing, closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import yaml
 from aiohttp import web
 
 from broker.api import start_server
-from broker.models import TERMINAL_STATES, Job, JobState, Role
+from broker.models import TERMINAL_STATES, Job, JobState, Role, StreamEvent
 from broker.sdk import ApiError, AsyncClient, Client, NotFoundError, SpecError, Unreachable
 from broker.store import open_store
 from tests.plugins.vast import VAST_TEST_KEY
@@ -43,7 +44,8 @@ class Served:
 
 
 @pytest.fixture
-async def served(tmp_path: Path, vast_api: VastApiServer) -> AsyncIterator[Served]:
+async def served(request: pytest.FixtureRequest, tmp_path: Path, vast_api: VastApiServer) -> AsyncIterator[Served]:
+    """A `lockstep serve` on loopback; ``api`` settings from an indirect parameter, if any."""
     db_url = f"sqlite:///{tmp_path / 'lockstep.db'}"
     with open_store(db_url) as store:
         _, token = store.create_token("alpha", Role.user)
@@ -55,6 +57,7 @@ async def served(tmp_path: Path, vast_api: VastApiServer) -> AsyncIterator[Serve
         "runtime": {"log_interval_s": 0.3, "grace_s": 2.0},
         "vast": {"enabled": True, "url": vast_api.url, "min_reliability": 0.0, "verified_only": False},
         "catalog": {"enabled": False},
+        "api": getattr(request, "param", {}),
     }))
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
     env.update(PYTHONPATH=str(ROOT), LOCKSTEP_VAST_API_KEY=VAST_TEST_KEY)
@@ -168,3 +171,57 @@ async def test_the_blocking_client_and_an_unreachable_server(served: Served) -> 
     with pytest.raises(Unreachable, match="cannot reach the server") as down:
         await asyncio.to_thread(unreachable)
     assert served.token not in str(down.value)
+
+
+# The second server ends every followed stream after a second: the clients reopen it from their last cursor
+# several times while the job runs (the server does what a restart would), and still see each change once.
+@pytest.mark.parametrize("served", [{}, {"log_follow_max_s": 1.0}], ids=["one-stream", "reopened"], indirect=True)
+async def test_a_jobs_state_changes_arrive_as_events_resumable_from_a_cursor(served: Served) -> None:
+    """``AsyncClient.events(follow=True)`` and the blocking ``Client.events(follow=True)`` (in a thread) both
+    follow the live stream while a job runs; each hands back the server's StreamEvent, and the job's history
+    read again from any event's cursor is the rest of it, once."""
+    def ended(e: StreamEvent) -> bool:
+        return e.to_state is not None and e.to_state in TERMINAL_STATES
+
+    def follow_blocking() -> list[StreamEvent]:
+        got: list[StreamEvent] = []
+        with Client(served.url, served.token) as ls, closing(ls.events(follow=True)) as stream:
+            for e in stream:
+                got.append(e)
+                if ended(e):
+                    return got
+        return got
+
+    async with AsyncClient(served.url, served.token) as ls:
+        async def follow() -> list[StreamEvent]:
+            got: list[StreamEvent] = []
+            async with aclosing(ls.events(since="now", follow=True)) as stream:  # closed on leaving: no open stream
+                async for e in stream:
+                    got.append(e)
+                    if ended(e):
+                        break
+            return got
+
+        live = asyncio.create_task(follow())
+        blocking = asyncio.create_task(asyncio.to_thread(follow_blocking))
+        await asyncio.sleep(1.5)  # both followers connected ("now" is pinned to a cursor when they start)
+        job = await ls.submit(job_spec("sdk-events", 'echo "done"'))
+        async with asyncio.timeout(180):
+            seen, seen_blocking = await live, await blocking
+        assert all(isinstance(e, StreamEvent) for e in seen)
+        assert {e.job_id for e in seen} == {job.id} and {e.tenant for e in seen} == {"alpha"}
+        job = await ls.job(job.id)
+        history = [(ev.from_state, ev.to_state) for ev in job.events if ev.to_state is not None]
+        changes = [(e.from_state, e.to_state) for e in seen if e.kind.startswith("job.")]
+        assert changes == history and changes[0][1] is JobState.pending and len(changes) >= 3, changes
+        assert all(e.kind == f"job.{e.to_state.value}" for e in seen if e.to_state is not None)
+        assert [e.cursor for e in seen_blocking] == [e.cursor for e in seen]
+        assert len({e.cursor for e in seen}) == len(seen)  # none repeated
+
+        # Resume after the second event, as a follower that lost its connection there would.
+        rest = [e async for e in ls.events(since=seen[1].cursor)]
+        assert [e.cursor for e in rest] == [e.cursor for e in seen[2:]]
+        everything = [e async for e in ls.events()]  # from the oldest kept: this tenant's only
+        assert [e.cursor for e in everything] == [e.cursor for e in seen]
+    async with AsyncClient(served.url, served.other) as theirs:
+        assert [e async for e in theirs.events()] == []  # another tenant's job is not in their stream

@@ -377,12 +377,12 @@ def _file_path(value: str) -> str:
 
 EnvName = Annotated[str, Field(max_length=128), AfterValidator(_env_name)]
 # _env_name's rule for the document: a variable's name, not one Lockstep sets itself.
-ENV_NAME_SCHEMA = {"maxLength": 128, "pattern": _ENV_NAME_RE.pattern,
+ENV_NAME_SCHEMA: dict[str, Any] = {"maxLength": 128, "pattern": _ENV_NAME_RE.pattern,
                    "not": {"anyOf": [{"pattern": f"^{RESERVED_ENV_PREFIX}"}, {"enum": sorted(RESERVED_ENV)}]}}
 SecretName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")]
 # _file_path's rule as a pattern: '/'-separated parts, none empty, '.' or '..', no '\\' or NUL.
 _PART = r"(?:[^/\\\x00.][^/\\\x00]*|\.[^/\\\x00.][^/\\\x00]*|\.\.[^/\\\x00]+)"
-FILE_PATH_SCHEMA = {"maxLength": 512, "pattern": f"^{_PART}(?:/{_PART})*$"}
+FILE_PATH_SCHEMA: dict[str, Any] = {"maxLength": 512, "pattern": f"^{_PART}(?:/{_PART})*$"}
 FilePath = Annotated[str, Field(max_length=512), AfterValidator(_clean_text), AfterValidator(_file_path)]
 
 
@@ -529,8 +529,8 @@ MAX_GPUS = 100_000
 # A page cursor of GET /v1/jobs: the last job's creation time (µs since 1970) and id. Plain text, so that
 # every value of the pattern is a cursor the store can use (the API document's pattern is exactly this).
 CURSOR_PATTERN = r"^([0-9]{1,17})\.([A-Za-z0-9_-]{1,64})$"
-# A duration in a spec (max_duration, deadline_in): digits bounded per unit so every match is at least 1s
-# and within MAX_DURATION; parse_duration takes more (the CLI's and config's durations), a spec only this.
+# The document's form of a spec's duration (max_duration, deadline_in): digits bounded per unit so every
+# match is at least 1s and within MAX_DURATION. The server takes more (parse_duration's form: 0.5m, 3000d).
 SPEC_DURATION_PATTERN = (r"^(?:[1-9][0-9]{0,7}(?:\.[0-9]{1,6})?s|[1-9][0-9]{0,5}(?:\.[0-9]{1,6})?m"
                          r"|[1-9][0-9]{0,3}(?:\.[0-9]{1,6})?h|[1-9][0-9]{0,2}(?:\.[0-9]{1,6})?d"
                          r"|[1-9][0-9]?(?:\.[0-9]{1,6})?w)$")
@@ -571,7 +571,7 @@ class JobSpec(SpecModel):
     # The years _deadline_tz takes, as the document's pattern.
     deadline: datetime | None = Field(default=None,
                                       json_schema_extra={"pattern": r"^(?:19[7-9][0-9]|[2-8][0-9]{3}|9000)-"})
-    deadline_in: str | None = Field(default=None, max_length=64, pattern=SPEC_DURATION_PATTERN,
+    deadline_in: str | None = Field(default=None, max_length=64, json_schema_extra={"pattern": SPEC_DURATION_PATTERN},
                                     description="deadline relative to submission, e.g. 48h")
     interruptible: SpecBool = Field(default=False, description="tolerates preemption (checkpoints and resumes)")
     checkpoint_minutes: float = Field(default=30.0, gt=0, le=1e6)
@@ -607,7 +607,7 @@ class JobSpec(SpecModel):
         default=None, description="where every attempt saves and resumes checkpoints (LOCKSTEP_CHECKPOINT_URI); "
         "default: the market's own convention (docs/runtime.md)")
     max_duration: str | None = Field(
-        default=None, max_length=64, pattern=SPEC_DURATION_PATTERN,
+        default=None, max_length=64, json_schema_extra={"pattern": SPEC_DURATION_PATTERN},
         description="hard wall-clock cap per attempt, e.g. 12h: the command is "
         "stopped, the job fails with that reason and its machines are released")
     max_cost_usd: float | None = Field(
@@ -1273,10 +1273,12 @@ class WebhookCreate(BaseModel):
 
     model_config = ConfigDict(defer_build=True, extra="forbid")
 
-    # A host (no user:password@, no [IPv6]) and an optional port: every match is one check_url takes
-    # with webhook_allow_private; a public-only broker also resolves the host (docs/api.md).
-    url: str = Field(min_length=8, max_length=2048,
-                     pattern=r"^https?://[A-Za-z0-9._~%!$&'()*+,;=-]+(?::[0-9]{1,4})?(?:[/?#][^\s]*)?$")
+    # The document's pattern is narrower than the server's: a host (no user:password@, no [IPv6]) and a port
+    # in range, so every match is one check_url takes (with webhook_allow_private; a public-only broker also
+    # resolves the host, docs/api.md); the server's own words name what else is wrong.
+    url: str = Field(min_length=8, max_length=2048, pattern=r"^https?://[^\s]+$", json_schema_extra={
+        "pattern": r"^https?://[A-Za-z0-9._~%!$&'()*+,;=-]+(?::(?:[0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}"
+                   r"|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?(?:[/?#][^\s]*)?$"})
     kinds: list[Annotated[str, Field(pattern=EVENT_KIND_PATTERN)]] = Field(default_factory=lambda: ["*"],
                                                                            min_length=1, max_length=32)
     secret: str = Field(min_length=16, max_length=256, pattern=r"^[\x21-\x7e]+$")

@@ -18,7 +18,7 @@ CROSS_FIELD = (
     ("deadline", "give deadline or deadline_in, not both"),
     ("workload", "needed with "),  # a deadline, deadline_in or max_total_usd without a workload
     ("secrets", " also in env"),  # a variable both plain and secret
-    ("runtime", ""),  # the image's or the GPUs' stack against runtime
+    ("runtime", "built for"),  # the image's or the GPUs' stack against runtime
 )
 
 

@@ -6,8 +6,9 @@ the document never gets a 4xx for a schema-valid request), but ``use_after_free`
 DELETE on a job cancels it, and the cancelled job stays readable (200, state
 cancelled), as documented. One exclusion, in tests/api/schemathesis_hooks.py: a
 job spec's cross-field rules, which the document cannot state (docs/api.md), are
-dropped from positive_data_acceptance by field and reason, and nothing else. The document's examples seed its example and coverage phases. The server's own request counter
-proves the run made at least 1,000 requests.
+dropped from positive_data_acceptance by field and reason, and nothing else.
+The document's examples seed its example and coverage phases. The server's own
+request counter proves the run made at least 1,000 requests.
 """
 
 from __future__ import annotations

@@ -377,7 +377,13 @@ def _file_path(value: str) -> str:
 
 
 EnvName = Annotated[str, Field(max_length=128), AfterValidator(_env_name)]
+# _env_name's rule for the document: a variable's name, not one Lockstep sets itself.
+ENV_NAME_SCHEMA: dict[str, Any] = {"maxLength": 128, "pattern": _ENV_NAME_RE.pattern,
+                   "not": {"anyOf": [{"pattern": f"^{RESERVED_ENV_PREFIX}"}, {"enum": sorted(RESERVED_ENV)}]}}
 SecretName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")]
+# _file_path's rule as a pattern: '/'-separated parts, none empty, '.' or '..', no '\\' or NUL.
+_PART = r"(?:[^/\\\x00.][^/\\\x00]*|\.[^/\\\x00.][^/\\\x00]*|\.\.[^/\\\x00]+)"
+FILE_PATH_SCHEMA: dict[str, Any] = {"maxLength": 512, "pattern": f"^{_PART}(?:/{_PART})*$"}
 FilePath = Annotated[str, Field(max_length=512), AfterValidator(_clean_text), AfterValidator(_file_path)]
 
 
@@ -431,7 +437,8 @@ class DataSpec(SpecModel):
     )
     size_gb: float = Field(default=0.0, ge=0, le=1e9)
     uri: Text1k = Field(
-        default="", description="the input itself: an s3:// URI (AWS: fetched through a presigned URL when it "
+        default="", json_schema_extra={"pattern": r"^(?:(?:s3://|https?://|/)[^\x00]*)?$"},  # _uri's rule
+        description="the input itself: an s3:// URI (AWS: fetched through a presigned URL when it "
         "is one object), an http(s):// URL (downloaded before the command), or an absolute path on the pool's "
         "shared filesystem; the command finds it in LOCKSTEP_DATA_PATH / LOCKSTEP_DATA_URI",
     )
@@ -457,17 +464,31 @@ class RegistryAuth(SpecModel):
     password_secret: SecretName
 
 
+def _number(*names: str) -> dict[str, Any]:
+    return {"required": list(names), "properties": {n: {"type": "number"} for n in names}}
+
+
 class Workload(SpecModel):
     """How much work: GPU-hours on a reference GPU, or parameters × tokens (6·P·T FLOPs)."""
 
+    # _one_size's rule, in the document: reference_gpu_hours; or params_b with tokens_b; or hours with
+    # neither of those two (one alone is an error).
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        _number("reference_gpu_hours"), _number("params_b", "tokens_b"),
+        {**_number("hours"), "properties": {"hours": {"type": "number"}, "params_b": {"type": "null"},
+                                            "tokens_b": {"type": "null"}}}]})
+
     reference_gpu_hours: float | None = Field(default=None, gt=0, le=1e9)
-    reference_gpu: Text64 = "A100-SXM-80GB"
+    reference_gpu: Annotated[Text64, WithJsonSchema({"type": "string", "enum": sorted(GPU_SPECS)},
+                                                    mode="validation")] = Field(
+        default="A100-SXM-80GB", description="a known model's canonical name (aliases are taken too)")
     params_b: float | None = Field(default=None, gt=0, le=1e6, description="model parameters, billions")
     tokens_b: float | None = Field(default=None, gt=0, le=1e9, description="training tokens, billions")
     hours: float | None = Field(default=None, gt=0, le=1e6, description="wall-clock hours, for services")
     steps: int | None = Field(default=None, gt=0, le=10**12,
                               description="optimizer steps (default: tokens/batch)")
-    global_batch_tokens_m: float | None = Field(default=None, gt=0, le=1e6, description="global batch, M tokens")
+    # At least 1,000 tokens: a batch of 5e-324 made steps (and so comm hours) infinite, a quote with nulls.
+    global_batch_tokens_m: float | None = Field(default=None, ge=1e-3, le=1e6, description="global batch, M tokens")
     grad_bytes_per_param: float = Field(default=2.0, gt=0, le=64, description="bytes all-reduced per param")
 
     @model_validator(mode="after")
@@ -506,15 +527,28 @@ def _split_gpu_request(items: list[Any]) -> tuple[list[Any], set[int]]:
 
 
 MAX_GPUS = 100_000
+# A page cursor of GET /v1/jobs: the last job's creation time (µs since 1970) and id. Plain text, so that
+# every value of the pattern is a cursor the store can use (the API document's pattern is exactly this).
+CURSOR_PATTERN = r"^([0-9]{1,17})\.([A-Za-z0-9_-]{1,64})$"
+# The document's form of a spec's duration (max_duration, deadline_in): digits bounded per unit so every
+# match is at least 1s and within MAX_DURATION. The server takes more (parse_duration's form: 0.5m, 3000d).
+SPEC_DURATION_PATTERN = (r"^(?:[1-9][0-9]{0,7}(?:\.[0-9]{1,6})?s|[1-9][0-9]{0,5}(?:\.[0-9]{1,6})?m"
+                         r"|[1-9][0-9]{0,3}(?:\.[0-9]{1,6})?h|[1-9][0-9]{0,2}(?:\.[0-9]{1,6})?d"
+                         r"|[1-9][0-9]?(?:\.[0-9]{1,6})?w)$")
+# What the document says a GPU name is: a subset of what resolve_request takes (known names, or any
+# GPU-shaped one: alphanumeric words joined by ' ', '.', '_' or '-', one with a digit, six words at most).
+GPU_NAME_PATTERN = r"^(?:[A-Za-z]+[ ._-])?[A-Za-z0-9]*[0-9][A-Za-z0-9]*(?:[ ._-][A-Za-z0-9]+){0,4}$"
+GPU_NAME_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 40, "pattern": GPU_NAME_PATTERN}
 
 
 class JobSpec(SpecModel):
-    """What a user submits (YAML or JSON)."""
+    """What a user submits (YAML or JSON). _shape's cross-field rules are not in the API document
+    (docs/api.md says which and why)."""
 
-    name: str
+    name: str = Field(json_schema_extra={"pattern": _NAME_RE.pattern})  # _name checks it, in its own words
     # What a request may say (a list, one name, "H100:8", null); a stored spec always holds the list.
     gpu: Annotated[list[str], WithJsonSchema({"anyOf": [
-        {"type": "array", "items": {"type": "string"}, "maxItems": 64}, {"type": "string"}, {"type": "null"}]},
+        {"type": "array", "items": GPU_NAME_SCHEMA, "maxItems": 64}, GPU_NAME_SCHEMA, {"type": "null"}]},
         mode="validation")] = Field(
         default_factory=list, max_length=64,
         description="accepted GPU models or families, e.g. [H100, H200]; 'H100:8' also sets gpus; "
@@ -535,8 +569,10 @@ class JobSpec(SpecModel):
     regions: list[Text64] | None = Field(default=None, max_length=256)
     max_usd_per_hour: float | None = Field(default=None, gt=0, le=1e9)
     max_total_usd: float | None = Field(default=None, gt=0, le=1e12)
-    deadline: datetime | None = None
-    deadline_in: str | None = Field(default=None, max_length=64,
+    # The years _deadline_tz takes, as the document's pattern.
+    deadline: datetime | None = Field(default=None,
+                                      json_schema_extra={"pattern": r"^(?:19[7-9][0-9]|[2-8][0-9]{3}|9000)-"})
+    deadline_in: str | None = Field(default=None, max_length=64, json_schema_extra={"pattern": SPEC_DURATION_PATTERN},
                                     description="deadline relative to submission, e.g. 48h")
     interruptible: SpecBool = Field(default=False, description="tolerates preemption (checkpoints and resumes)")
     checkpoint_minutes: float = Field(default=30.0, gt=0, le=1e6)
@@ -552,14 +588,19 @@ class JobSpec(SpecModel):
         "commands on its hosts (Slurm), else the stack's default image (NVIDIA PyTorch, or ROCm PyTorch)",
     )
     command: Annotated[str, Field(max_length=65_536), AfterValidator(_clean_text)] = ""
-    env: dict[EnvName, Annotated[str, Field(max_length=32_768), AfterValidator(_clean_text)]] = Field(
-        default_factory=dict, max_length=256, description="environment variables for the command")
+    # A number or boolean value is taken as its text (_env_text), so the document says so too.
+    env: dict[EnvName, Annotated[str, Field(max_length=32_768), AfterValidator(_clean_text), WithJsonSchema(
+        {"anyOf": [{"type": "string", "maxLength": 32_768}, {"type": "number"}, {"type": "boolean"}]},
+        mode="validation")]] = Field(
+        default_factory=dict, json_schema_extra={"propertyNames": ENV_NAME_SCHEMA}, max_length=256,
+        description="environment variables for the command")
     secrets: dict[EnvName, SecretName] = Field(
-        default_factory=dict, max_length=64,
+        default_factory=dict, json_schema_extra={"propertyNames": ENV_NAME_SCHEMA}, max_length=64,
         description="variables whose values the broker resolves at launch from its secret sources, by name: "
         "[HF_TOKEN] or {HF_TOKEN: hf-prod}; never stored, never shown")
     files: dict[FilePath, Annotated[str, AfterValidator(_clean_text)]] = Field(
-        default_factory=dict, description=f"small text files unpacked into the working directory before the "
+        default_factory=dict, json_schema_extra={"propertyNames": FILE_PATH_SCHEMA},
+        description=f"small text files unpacked into the working directory before the "
         f"command (relative path → content; {FILES_MAX_BYTES // 1024} KiB and {FILES_MAX_COUNT} files at most; "
         f"the CLI fills it from `workdir`)")
     registry: RegistryAuth | None = Field(default=None, description="a private registry for the image")
@@ -567,7 +608,8 @@ class JobSpec(SpecModel):
         default=None, description="where every attempt saves and resumes checkpoints (LOCKSTEP_CHECKPOINT_URI); "
         "default: the market's own convention (docs/runtime.md)")
     max_duration: str | None = Field(
-        default=None, max_length=64, description="hard wall-clock cap per attempt, e.g. 12h: the command is "
+        default=None, max_length=64, json_schema_extra={"pattern": SPEC_DURATION_PATTERN},
+        description="hard wall-clock cap per attempt, e.g. 12h: the command is "
         "stopped, the job fails with that reason and its machines are released")
     max_cost_usd: float | None = Field(
         default=None, gt=0, le=1e9, allow_inf_nan=False,
@@ -1159,9 +1201,16 @@ class TokenInfo(BaseModel):
 # --------------------------------------------------------------------------- tenants and tokens: what may be asked
 
 NAME_PATTERN = _NAME_RE.pattern  # tenant names follow the job-name rule
+def _no_bool_or_text(value: Any) -> Any:
+    """JSON Schema's integer is any number without a fraction (5.0 too); true/false and "5" are not numbers."""
+    if isinstance(value, bool | str):
+        raise ValueError("an integer")
+    return value
+
+
 # JSON true/false are not numbers: strict, so a boolean budget is refused, as the API's schema says.
 MonthlyBudgetUsd = Annotated[float, Strict(), Field(ge=0, le=1e12)]
-GpuCap = Annotated[int, Strict(), Field(ge=0, le=1_000_000)]
+GpuCap = Annotated[int, Field(ge=0, le=1_000_000), BeforeValidator(_no_bool_or_text)]
 
 
 class TenantCreate(BaseModel):
@@ -1225,7 +1274,12 @@ class WebhookCreate(BaseModel):
 
     model_config = ConfigDict(defer_build=True, extra="forbid")
 
-    url: str = Field(min_length=8, max_length=2048, pattern=r"^https?://[^\s]+$")
+    # The document's pattern is narrower than the server's: a host (no user:password@, no [IPv6]) and a port
+    # in range, so every match is one check_url takes (with webhook_allow_private; a public-only broker also
+    # resolves the host, docs/api.md); the server's own words name what else is wrong.
+    url: str = Field(min_length=8, max_length=2048, pattern=r"^https?://[^\s]+$", json_schema_extra={
+        "pattern": r"^https?://[A-Za-z0-9._~%!$&'()*+,;=-]+(?::(?:[0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}"
+                   r"|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?(?:[/?#][^\s]*)?$"})
     kinds: list[Annotated[str, Field(pattern=EVENT_KIND_PATTERN)]] = Field(default_factory=lambda: ["*"],
                                                                            min_length=1, max_length=32)
     secret: str = Field(min_length=16, max_length=256, pattern=r"^[\x21-\x7e]+$")

@@ -3,20 +3,22 @@ summary of `lockstep gpus` / `GET /v1/gpus`. Pure."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from broker.gpus import GPU_SPECS, resolve_request
-from broker.models import FabricNeed, GpuMarketSummary, GpuSummary, Market, Offer
+from broker.models import GPU_NAME_SCHEMA, FabricNeed, GpuMarketSummary, GpuSummary, Market, Offer
 from policies.book import MARKETS, OfferBook
 
 
 class OfferFilter(BaseModel):
     model_config = ConfigDict(defer_build=True, extra="forbid", allow_inf_nan=False)
 
-    gpu: list[str] | None = None
+    # The document's names are GPU-shaped ones (GPU_NAME_SCHEMA); known aliases that are not are taken too.
+    gpu: Annotated[list[str], WithJsonSchema({"type": "array", "items": GPU_NAME_SCHEMA},
+                                             mode="validation")] | None = None
     min_gpus: int | None = Field(default=None, ge=1)
     fabric: FabricNeed | None = None
     market: list[Market] | None = None

@@ -14,7 +14,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from broker.api.errors import ApiError
-from broker.models import JobState, PriceFilter
+from broker.models import CURSOR_PATTERN, JobState, PriceFilter
 from broker.specs import first_error
 from policies.offers import OfferFilter
 
@@ -41,7 +41,7 @@ class JobsParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     limit: int = Field(default=50, ge=1, le=1000)
-    cursor: str | None = Field(default=None, max_length=512, pattern=r"^[A-Za-z0-9_=-]+$",
+    cursor: str | None = Field(default=None, max_length=83, pattern=CURSOR_PATTERN,
                                description="next_cursor of the previous page")
     state: list[JobState] | None = Field(default=None, description="only jobs in these states")
     tenant: str | None = Field(default=None, max_length=64, description="admin only: one tenant's jobs")

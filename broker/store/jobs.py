@@ -8,11 +8,11 @@ columns carry the models' field names (broker/tables.py), so there is no mapper 
 
 from __future__ import annotations
 
-import base64
 import json
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection, Row
 from broker.errors import ConflictError, LockstepError, NotFoundError, SpecError, StoreError
 from broker.models import (
     ALLOWED_TRANSITIONS,
+    CURSOR_PATTERN,
     Allocation,
     AllocationState,
     Job,
@@ -43,6 +44,8 @@ from broker.tables import (
     JobRow,
     table_of,
 )
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 JOBS = table_of(JobRow)
 EVENTS = table_of(JobEventRow)
@@ -382,16 +385,17 @@ class JobStore(Database):
         nxt = None
         if len(rows) > limit:
             last = jobs[-1]
-            nxt = base64.urlsafe_b64encode(json.dumps([last.created_at.isoformat(), last.id]).encode()).decode()
+            nxt = f"{(as_utc(last.created_at) - _EPOCH) // timedelta(microseconds=1)}.{last.id}"
         return jobs, nxt
 
     @staticmethod
     def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-        try:
-            at, last_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-            return as_utc(datetime.fromisoformat(at)), str(last_id)
-        except (ValueError, TypeError) as exc:
-            raise SpecError("cursor", "not a cursor returned by list_jobs") from exc
+        """Any text of CURSOR_PATTERN is a place in the keyset (jobs created before it), so the API's
+        document can say exactly which cursors it accepts (issue 23)."""
+        m = re.fullmatch(CURSOR_PATTERN, cursor)
+        if m is None:
+            raise SpecError("cursor", "not a cursor returned by list_jobs")
+        return _EPOCH + timedelta(microseconds=int(m.group(1))), m.group(2)
 
     def transition(
         self,

@@ -235,7 +235,7 @@ def main() -> None:
     from broker.store import open_store
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
-    env.update(LOCKSTEP_API__RATE_PER_S="1e9", LOCKSTEP_API__BURST="1000000000", LOCKSTEP_LOG_LEVEL="WARNING",
+    env.update(LOCKSTEP_API__RATE_PER_S="1000000", LOCKSTEP_API__BURST="1000000", LOCKSTEP_LOG_LEVEL="WARNING",
                PYTHONPATH=str(ROOT))
     servers: list[tuple[str, subprocess.Popen[str], str, str]] = []  # (label, process, url, token)
     load0 = os.getloadavg()

@@ -41,6 +41,7 @@ __all__ = [
     "AssemblesNodes",
     "BilledSpan",
     "DrainsNodes",
+    "HasHeartbeat",
     "HasJobLogs",
     "HasSpotPriceHistory",
     "KeepsBillingRecord",

@@ -49,12 +49,15 @@ from providers.base import LaunchRequest, OfferQuery, Provider, matches
 from providers.capabilities import (
     AssemblesNodes,
     DrainsNodes,
+    HasHeartbeat,
     HasJobLogs,
     HasSpotPriceHistory,
+    KeepsBillingRecord,
     Launches,
     ListsNodes,
     NodeUsage,
     RunsBurnIn,
+    SignalsJobs,
     Snapshot,
 )
 from tests.waiting import eventually
@@ -215,6 +218,64 @@ class HasJobLogsContract:
             await p.release(alloc)
 
 
+class KeepsBillingRecordContract:
+    """KeepsBillingRecord: the market's own span of a launched allocation — started once it runs, ended (not
+    before its start) once released."""
+
+    async def test_the_markets_span_starts_and_ends(self, subject: Subject) -> None:
+        p = subject.provider
+        assert isinstance(p, KeepsBillingRecord)
+        offers = [o for o in await p.offers(subject.query) if matches(o, subject.query)]
+        alloc = await p.launch(launch_request(subject, subject.pick(offers)))
+        try:
+            await eventually(lambda: p.poll(alloc), lambda s: s.state is AllocationState.running,
+                             f"{p.name}: running")
+            started = await eventually(lambda: p.billed_span(alloc), lambda s: s is not None and s.start is not None,
+                                       f"{p.name}: the market records the start")
+            assert started is not None and started.end is None  # still billing
+            await asyncio.sleep(1.5)  # markets record whole seconds: a span of none reads as "never ran"
+        finally:
+            await p.release(alloc)
+        ended = await eventually(lambda: p.billed_span(alloc), lambda s: s is not None and s.end is not None,
+                                 f"{p.name}: the market records the end")
+        assert ended is not None and ended.start is not None and ended.end is not None
+        assert ended.start <= ended.end
+
+
+class SignalsJobsContract:
+    """SignalsJobs: a TERM reaches the running job's processes, which end (the command is a plain sleep)."""
+
+    async def test_a_term_ends_a_sleeping_job(self, subject: Subject) -> None:
+        p = subject.provider
+        assert isinstance(p, SignalsJobs)
+        offers = [o for o in await p.offers(subject.query) if matches(o, subject.query)]
+        alloc = await p.launch(launch_request(subject, subject.pick(offers)))
+        try:
+            await eventually(lambda: p.poll(alloc), lambda s: s.state is AllocationState.running,
+                             f"{p.name}: running")
+            await p.signal(alloc, "TERM")
+            await eventually(lambda: p.poll(alloc), lambda s: s.state in _DONE, f"{p.name}: ended by the TERM")
+        finally:
+            await p.release(alloc)
+
+
+class HasHeartbeatContract:
+    """HasHeartbeat: reading a node's beat never fails for a live allocation; a beat is a past, aware instant;
+    a rank the allocation lacks has none."""
+
+    async def test_a_beat_is_read_or_none(self, subject: Subject) -> None:
+        p = subject.provider
+        assert isinstance(p, HasHeartbeat)
+        offers = [o for o in await p.offers(subject.query) if matches(o, subject.query)]
+        alloc = await p.launch(launch_request(subject, subject.pick(offers)))
+        try:
+            beat = await p.heartbeat(alloc)
+            assert beat is None or (beat.tzinfo is not None and beat <= datetime.now(UTC))
+            assert await p.heartbeat(alloc, rank=alloc.nodes + 3) is None
+        finally:
+            await p.release(alloc)
+
+
 class DrainsNodesContract:
     """DrainsNodes: a drained node leaves the offers; resumed, it comes back."""
 
@@ -351,6 +412,9 @@ class AssemblesNodesContract:
 CONTRACTS: dict[type[Provider], type] = {
     Launches: LaunchesContract,
     HasJobLogs: HasJobLogsContract,
+    KeepsBillingRecord: KeepsBillingRecordContract,
+    SignalsJobs: SignalsJobsContract,
+    HasHeartbeat: HasHeartbeatContract,
     AssemblesNodes: AssemblesNodesContract,
     DrainsNodes: DrainsNodesContract,
     ListsNodes: ListsNodesContract,

@@ -13,6 +13,7 @@ from providers.aws import AwsProvider, ReservedProvider
 from providers.base import OfferQuery
 from tests.plugins.moto import moto_config
 from tests.providers.kit import (
+    HasHeartbeatContract,
     HasJobLogsContract,
     LaunchesContract,
     OffersContract,
@@ -29,7 +30,7 @@ def p4d(offers: list[Offer]) -> Offer:
     return next(o for o in offers if o.sku == "p4d.24xlarge")
 
 
-class TestAws(OffersContract, LaunchesContract, SpotHistoryContract, HasJobLogsContract):
+class TestAws(OffersContract, LaunchesContract, SpotHistoryContract, HasJobLogsContract, HasHeartbeatContract):
     provider_type = AwsProvider
 
     @pytest.fixture

@@ -16,11 +16,14 @@ from providers.slurm import SlurmProvider
 from tests.plugins.slurm import SlurmCluster
 from tests.providers.kit import (
     DrainsNodesContract,
+    HasHeartbeatContract,
     HasJobLogsContract,
+    KeepsBillingRecordContract,
     LaunchesContract,
     ListsNodesContract,
     OffersContract,
     RunsBurnInContract,
+    SignalsJobsContract,
     Subject,
 )
 from tests.slurm.test_newer_api import fake_jwt
@@ -36,7 +39,7 @@ def most_free(offers: list[Offer]) -> Offer:
 
 
 class TestSlurm(OffersContract, LaunchesContract, DrainsNodesContract, ListsNodesContract, RunsBurnInContract,
-                HasJobLogsContract):
+                HasJobLogsContract, KeepsBillingRecordContract, SignalsJobsContract, HasHeartbeatContract):
     provider_type = SlurmProvider
 
     @pytest.fixture

@@ -1197,6 +1197,12 @@ class TokenInfo(BaseModel):
     revoked: bool = False
     label: str = ""
 
+    @property
+    def scope(self) -> str | None:
+        """The tenant whose jobs and events this caller may see: its own, or None (every tenant) for an admin.
+        The one rule the API, the event stream and the dashboard apply."""
+        return None if self.role is Role.admin else self.tenant
+
 
 # --------------------------------------------------------------------------- tenants and tokens: what may be asked
 

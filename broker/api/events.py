@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from broker.api.follow import NDJSON_TYPE, follow_ndjson
 from broker.api.keys import AUTH, SERVICE
 from broker.api.params import parse_query
-from broker.models import DeliveryState, Role, TokenInfo
+from broker.models import DeliveryState, TokenInfo
 
 CURSOR_HEADER = "Lockstep-Cursor"
 
@@ -44,8 +44,7 @@ def _caller(request: web.Request) -> TokenInfo:
 
 
 def _scope(request: web.Request) -> str | None:
-    info = _caller(request)
-    return None if info.role is Role.admin else info.tenant
+    return _caller(request).scope
 
 
 async def get_events(request: web.Request) -> web.StreamResponse:

@@ -117,8 +117,7 @@ def _caller(request: web.Request) -> TokenInfo:
 
 def _scope(request: web.Request) -> str | None:
     """The tenant whose jobs the caller may see: its own, or all for an admin."""
-    info = _caller(request)
-    return None if info.role is Role.admin else info.tenant
+    return _caller(request).scope
 
 
 # --------------------------------------------------------------------------- quotes, offers

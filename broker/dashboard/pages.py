@@ -76,9 +76,6 @@ async def _who(request: web.Request) -> TokenInfo | None:
     return info if info is not None and info.role in (Role.user, Role.admin) else None
 
 
-def _scope(who: TokenInfo) -> str | None:
-    return None if who.role is Role.admin else who.tenant
-
 
 def _to_login() -> web.HTTPFound:
     return web.HTTPFound(f"{PREFIX}/login")
@@ -124,15 +121,15 @@ async def logout(request: web.Request) -> web.StreamResponse:
 async def jobs(request: web.Request) -> web.Response:
     who = await _session(request)
     svc = request.app[SERVICE]
-    listed, _ = await svc.list_jobs(tenant=_scope(who), limit=100)
-    return _page("jobs.html", who, title="Jobs", jobs=listed, scope=_scope(who))
+    listed, _ = await svc.list_jobs(tenant=who.scope, limit=100)
+    return _page("jobs.html", who, title="Jobs", jobs=listed, scope=who.scope)
 
 
 async def job(request: web.Request) -> web.Response:
     who = await _session(request)
     svc = request.app[SERVICE]
     try:
-        found = await svc.get_job(request.match_info["job_id"], _scope(who))
+        found = await svc.get_job(request.match_info["job_id"], who.scope)
     except NotFoundError:
         raise web.HTTPNotFound(text="job not found") from None
     allocations = await svc.job_allocations(found.id)
@@ -146,7 +143,7 @@ async def job_log(request: web.Request) -> web.StreamResponse:
         raise web.HTTPUnauthorized(text="log in first")
     svc = request.app[SERVICE]
     try:
-        lines = await svc.follow_logs(request.match_info["job_id"], _scope(who), tail=2000)
+        lines = await svc.follow_logs(request.match_info["job_id"], who.scope, tail=2000)
     except NotFoundError:
         raise web.HTTPNotFound(text="job not found") from None
     except LockstepError as exc:

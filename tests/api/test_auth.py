@@ -59,12 +59,13 @@ def test_tenant_cannot_read_list_or_cancel_another_tenants_job(api: Api) -> None
 
 
 def test_revoked_token_is_refused(api: Api) -> None:
+    # A tenant no other test uses: the listing below is this test's token alone, whatever ran before.
     with api.client(api.admin) as admin:
-        made = admin.post("/v1/tokens", json={"tenant": "gamma", "label": "short-lived"})
+        made = admin.post("/v1/tokens", json={"tenant": "revoked-only", "label": "short-lived"})
         assert made.status_code == 201, made.text
         body = made.json()
-        assert body["token"].startswith("lst_") and body["tenant"] == "gamma" and body["role"] == "user"
-        listed = admin.get("/v1/tokens", params={"tenant": "gamma"}).json()
+        assert body["token"].startswith("lst_") and body["tenant"] == "revoked-only" and body["role"] == "user"
+        listed = admin.get("/v1/tokens", params={"tenant": "revoked-only"}).json()
         assert [t["id"] for t in listed] == [body["id"]]
         assert "token" not in listed[0] and "token_hash" not in listed[0]
 
@@ -74,7 +75,7 @@ def test_revoked_token_is_refused(api: Api) -> None:
             refused = gamma.get("/v1/jobs")
             assert refused.status_code == 401
             assert refused.json()["error"]["message"] == "invalid or revoked token"
-        assert admin.get("/v1/tokens", params={"tenant": "gamma"}).json()[0]["revoked"] is True
+        assert admin.get("/v1/tokens", params={"tenant": "revoked-only"}).json()[0]["revoked"] is True
         assert admin.delete("/v1/tokens/tok_doesnotexist").status_code == 404
 
 

@@ -118,14 +118,6 @@ class RateLimiter:
         self._clock = clock
         self._buckets: dict[str, _Bucket] = {}
 
-    def peek(self, key: str) -> float:
-        """What :meth:`take` would answer, without taking."""
-        b = self._buckets.get(key)
-        if b is None:
-            return 0.0
-        tokens = min(float(self.burst), b.tokens + (self._clock() - b.at) * self.rate)
-        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
-
     def take(self, tenant: str) -> float:
         """0 when the request may go; otherwise the seconds until it could."""
         now = self._clock()
@@ -141,6 +133,12 @@ class RateLimiter:
             b.tokens -= 1.0
             return 0.0
         return (1.0 - b.tokens) / self.rate
+
+    def give_back(self, key: str) -> None:
+        """Return what one :meth:`take` took (the request turned out not to count)."""
+        b = self._buckets.get(key)
+        if b is not None:
+            b.tokens = min(float(self.burst), b.tokens + 1.0)
 
 
 def retry_after(seconds: float) -> str:

@@ -165,8 +165,10 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     info = tokens.cached(plaintext)
     if info is None:
         # Each unknown token costs a database lookup: past a few, a client address waits before its next one.
+        # The limit is on lookups begun, taken before the lookup (a flood sent at once is not all in flight
+        # before the first of it fails); a token the lookup finds gives its share back.
         strangers, address = request.app[BAD_TOKENS], request.remote or ""
-        wait = strangers.peek(address)
+        wait = strangers.take(address)
         # Over its limit, this address's request goes on only with a token the store knows (never a 429 for
         # a valid token because of a neighbour's flood), at the cost of one shared read a second.
         if wait > 0 and not await tokens.may_be_valid(plaintext):
@@ -174,8 +176,9 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
                            headers={"Retry-After": retry_after(wait)})
         info = await tokens.lookup(plaintext)
         if info is None:
-            strangers.take(address)
             raise ApiError(401, "unauthorized", "invalid or revoked token", headers=_CHALLENGE)
+        if wait == 0:
+            strangers.give_back(address)
     wait = request.app[LIMITER].take(info.tenant)
     if wait > 0:
         raise ApiError(429, "rate_limited", f"tenant {info.tenant} is over its request rate",

@@ -210,7 +210,14 @@ async def test_sigkill_mid_delivery_loses_none(tmp_path: Path, receiver: Receive
                 await asyncio.sleep(0.05)
         async with httpx.AsyncClient(base_url=url, headers=auth, timeout=60) as c:
             [hook] = (await c.get("/v1/webhooks")).json()
-            deliveries = (await c.get(f"/v1/webhooks/{hook['id']}/deliveries")).json()
+            # The receiver counts a delivery when its request arrives; the broker records it delivered when the
+            # answer comes back, a moment later: wait (bounded) until no delivery is still in flight.
+            async with asyncio.timeout(30):
+                while True:
+                    deliveries = (await c.get(f"/v1/webhooks/{hook['id']}/deliveries")).json()
+                    if len(deliveries) == 4 and all(d["state"] != "pending" for d in deliveries):
+                        break
+                    await asyncio.sleep(0.05)
     finally:
         broker.stop()
     assert receiver.bad == []

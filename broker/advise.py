@@ -3,7 +3,7 @@
 Usage comes from the store's job history (each job's allocations: when they ran, on how many
 GPUs) or from a pod trace; prices from the bundled catalog through the broker's own ranking,
 for one node of ``gpus_per_node`` GPUs of the model; owned-hardware costs from the
-configuration (:class:`broker.config.OwnedCost`: capex per node, lifetime, power, PUE,
+configuration (:class:`providers.slurm.config.OwnedCost`: capex per node, lifetime, power, PUE,
 electricity, operations).
 
 Three plans, each priced per year at the observed load (scaled from the observed span):
@@ -32,12 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from broker.config import OwnedCost
 from broker.errors import SpecError
 from broker.models import JobSpec, Market, QuoteOption, Workload, as_utc
 from broker.simulate.cluster import EPOCH, catalog_book, cloud_rates, owned_rates
 from broker.simulate.traces import Pod
 from policies.ranking import quote
+from providers.slurm.config import OwnedCost
 
 HOURS_PER_YEAR = 8766.0
 BIN_HOURS = 0.25  # load profile resolution

@@ -1,11 +1,13 @@
 """All configuration in one typed model.
 
-Sources, later wins: defaults here → a YAML file (``LOCKSTEP_CONFIG`` or
-``--config``) → environment variables ``LOCKSTEP_<SECTION>__<FIELD>`` (for
-example ``LOCKSTEP_SLURM__URL``) → the short aliases users reach for
-(``LOCKSTEP_DB``, ``LOCKSTEP_AWS_ENDPOINT_URL``, ``LOCKSTEP_VAST_URL``,
-``LOCKSTEP_VAST_API_KEY``, ``LOCKSTEP_SLURM_URL``, ``LOCKSTEP_SLURM_TOKEN``,
-``LOCKSTEP_SLURM_USER``; setting one of a provider's also enables that provider unless
+The core's sections are defined here; each market's section is its own, in ``providers/<market>/config.py``,
+added to ``Settings`` under the key the registry gives it (:data:`providers.registry.SECTIONS`). Nothing here
+names a market: the tables below are derived from the fields' declarations (``secret``, ``alias`` in
+:mod:`broker.configbase`), so a market's settings, env aliases, secrets and credential live in its package.
+
+Sources, later wins: defaults → a YAML file (``LOCKSTEP_CONFIG`` or
+``--config``) → environment variables ``LOCKSTEP_<SECTION>__<FIELD>`` → the short aliases users reach for
+(``LOCKSTEP_DB``, and those a market's fields declare; setting one of a market's also enables that market unless
 the file or ``LOCKSTEP_<PROVIDER>__ENABLED`` says otherwise) → explicit overrides
 (``--db``). pydantic-settings merges them (``Settings.settings_customise_sources``).
 
@@ -31,15 +33,13 @@ from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from platformdirs import user_data_dir
 from pydantic import (
     AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -56,9 +56,28 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from broker.configbase import (
+    Attempts,
+    Count,
+    CountOrOff,
+    MarketSection,
+    Port,
+    Rate,
+    RuntimeConfig,  # a core section (callers import it from here); defined beside the base: providers read it
+    Seconds,
+    SecondsOrOff,
+    Section,
+    read_secret_file,
+    secret,
+    secret_http_url,
+    secret_or_file,
+)
 from broker.errors import LockstepError, SpecError
 from broker.logconfig import register_secrets
 from broker.yamlload import duplicate_paths
+from providers.registry import SECTIONS
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 def default_db_url() -> str:
@@ -66,295 +85,7 @@ def default_db_url() -> str:
     return f"sqlite:///{path}"
 
 
-def _read_secret_file(path: str) -> SecretStr:
-    """A secret from a mounted file (trailing newline dropped); errors never carry its bytes."""
-    try:
-        text = Path(path).expanduser().read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ValueError(f"cannot read {path!r} ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path!r} is not UTF-8 text") from None
-    if not text:
-        raise ValueError(f"{path!r} is empty")
-    return SecretStr(text)
-
-
-def _secret_or_file(inline: SecretStr | None, path: str | None, field: str, inline_name: str) -> SecretStr | None:
-    """A secret given inline, or read from the file its ``*_file`` field names; both is a mistake."""
-    if not path:
-        return inline
-    if inline is not None:
-        raise ValueError(f"{field}: set {inline_name} or {field}, not both")
-    try:
-        return _read_secret_file(path)
-    except ValueError as exc:
-        raise ValueError(f"{field}: {exc}") from None
-
-
-# Every number a setting holds is bounded: finite (``allow_inf_nan=False`` on every section), positive where it
-# is an interval, a timeout or a limit, and below a maximum no working configuration reaches, so that a typo
-# (``poll_interval_s: -5``, ``.nan``, ``1e300``) is an error naming the key, not a broker that polls 157 times a
-# second or never again.
-_DAY = 86_400.0
-Seconds = Annotated[float, Field(gt=0, le=30 * _DAY)]  # an interval or a timeout: > 0
-SecondsOrOff = Annotated[float, Field(ge=0, le=365 * _DAY)]  # 0 = off / no limit
-Attempts = Annotated[int, Field(ge=1, le=100)]
-Count = Annotated[int, Field(ge=1, le=1_000_000)]  # a limit, a size, a batch: at least 1
-CountOrOff = Annotated[int, Field(ge=0, le=1_000_000)]  # 0 = no cap
-Usd = Annotated[float, Field(ge=0, le=1e9)]
-Rate = Annotated[float, Field(gt=0, le=1e6)]  # per second
-Fraction = Annotated[float, Field(ge=0, le=1)]
-Port = Annotated[int, Field(ge=1, le=65_535)]
-
-
-def _http_url(value: str | None) -> str | None:
-    """An http(s) URL with a host (and a port in range), or an error that never repeats the URL (a webhook's
-    may carry a token)."""
-    if value is None:
-        return None
-    try:
-        parts = urlsplit(value.strip())
-        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
-    except ValueError:
-        raise ValueError("not a URL that can work (a port out of 1-65535, or a malformed address)") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("not a URL that can work: expected http://HOST[:PORT]/... or https://...")
-    return value.strip()
-
-
-HttpUrl = Annotated[str, AfterValidator(_http_url)]
-
-
-def _secret_http_url(value: SecretStr | None) -> SecretStr | None:
-    if value is not None:
-        _http_url(value.get_secret_value())
-    return value
-
-
-def secret(file: str, env: str, *, credential: bool = False, **kw: Any) -> Any:
-    """A secret setting, declared where it is defined: ``file`` is the sibling ``*_file`` key that reads it from a
-    mounted secret, ``env`` the environment variable that sets it (a short alias); ``credential``: the
-    market's credential (enabled without one of them is a mistake ``config check`` and ``serve`` refuse).
-    ``SECRETS``, ``ALIASES``, ``CREDENTIALS`` and the log redactor's list are derived from these marks."""
-    return Field(default=None, json_schema_extra={"lockstep_secret": {"file": file, "env": env,
-                                                                      "credential": credential}}, **kw)
-
-
-def alias(env: str, default: Any) -> Any:
-    """A setting with a short environment name (``LOCKSTEP_VAST_URL``): setting it also enables the section's
-    market, unless the file or ``LOCKSTEP_<SECTION>__ENABLED`` says otherwise."""
-    return Field(default=default, json_schema_extra={"lockstep_alias": env})
-
-
-class _Section(BaseModel):
-    """A configuration section: a key it does not know is a mistake, not something to ignore; a number that is
-    not finite is one too."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-
-class CatalogConfig(_Section):
-    enabled: bool = True
-    path: str | None = None  # another catalog file; default: the one shipped in the package
-
-
-class OwnedCost(_Section):
-    """Amortised cost of owned hardware, per node (see README: 'Owned hardware')."""
-
-    capex_usd: Usd = 300_000.0  # an 8×H100 node
-    lifetime_years: float = Field(default=4.0, gt=0, le=50)
-    power_kw: float = Field(default=6.0, ge=0, le=10_000)
-    usd_per_kwh: float = Field(default=0.12, ge=0, le=100)
-    pue: float = Field(default=1.3, ge=1, le=10)  # power usage effectiveness: 1 = every watt reaches the node
-    ops_usd_per_year: Usd = 20_000.0
-    utilisation: float = Field(default=0.7, gt=0, le=1)  # expected share of hours in use: idle hours are paid too
-
-    def usd_per_node_hour(self) -> float:
-        hours = 8766.0
-        capex = self.capex_usd / (self.lifetime_years * hours)
-        power = self.power_kw * self.pue * self.usd_per_kwh
-        ops = self.ops_usd_per_year / hours
-        return (capex + ops) / max(self.utilisation, 0.05) + power
-
-
-class SlurmConfig(_Section):
-    enabled: bool = False
-    url: HttpUrl = alias("LOCKSTEP_SLURM_URL", "http://127.0.0.1:6820")
-    user: str = alias("LOCKSTEP_SLURM_USER", "root")
-    token: SecretStr | None = secret("token_file", "LOCKSTEP_SLURM_TOKEN", credential=True)
-    token_file: str | None = None  # re-read when it changes: a sidecar may rotate it
-    api_version: str | None = None  # pin (e.g. "v0.0.40"); default: what the server advertises
-    timeout_s: Seconds = 10.0
-    partition: str | None = None
-    cluster_name: str = "onprem"
-    owned: OwnedCost = Field(default_factory=OwnedCost)
-    gpus_per_node_default: int = Field(default=8, ge=1, le=1024)
-    # slurm.conf for `scontrol` (node drain/resume where the REST version lacks it); default: $SLURM_CONF
-    conf_path: str | None = None
-    default_time_limit_min: int = Field(default=1440, ge=1, le=525_600)  # jobs whose workload gives no duration
-    max_attempts: Attempts = 4  # bounded retries on transient errors
-    # The run-time contract on Slurm (docs/slurm.md "At run time"): each attempt's wrapper, manifest, logs and
-    # statuses live in <job_dir>/<installation>/<job>/a<attempt>/, a directory the broker and every node share
-    # (one host: any local directory). The broker writes the manifest there (mode 0600) and reads logs back.
-    job_dir: str = "/tmp/lockstep-slurm"
-    # How a job's `image` runs: pyxis (srun --container-image), apptainer (apptainer exec docker://…) or none
-    # (commands run on the hosts; a job with an image is rejected at quote time).
-    container_runtime: Literal["none", "pyxis", "apptainer"] = "none"
-    python: str = "python3"  # the interpreter that runs the wrapper on the nodes (or in a pyxis container)
-
-
-class ReservedPool(_Section):
-    """Capacity an operator holds (e.g. '8 × p4d.24xlarge in us-east-1a at $X/h under a 1-year plan')."""
-
-    name: str
-    provider: str = "aws"
-    sku: str
-    region: str
-    zone: str
-    count: int = Field(ge=1, le=100_000)
-    usd_per_hour: Usd = 0.0  # marginal cost; 0 when paid up front
-    capacity_reservation_id: str | None = None
-
-
-DLAMI_PARAMETER = ("resolve:ssm:/aws/service/deeplearning/ami/x86_64/"
-                   "base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id")
-SSM_PREFIX = "resolve:ssm:"
-
-
-class AwsConfig(_Section):
-    enabled: bool = False
-    # The regions scanned, or "all": every region the account has enabled (DescribeRegions, opted-in only).
-    regions: list[str] | Literal["all"] = Field(default_factory=lambda: ["us-east-1", "us-west-2"])
-    endpoint_url: HttpUrl | None = alias("LOCKSTEP_AWS_ENDPOINT_URL", None)  # moto in tests, VPC endpoints
-    profile: str | None = None
-    region_timeout_s: Seconds = 20.0
-    max_attempts: Attempts = 3
-    # The machine image: an AMI id (regional: it names one region's image) or "resolve:ssm:<parameter>", read per
-    # region at launch (cached image_cache_s). Default: AWS's public Deep Learning AMI parameter (NVIDIA driver,
-    # Docker, the NVIDIA container toolkit), which every region has. `images` sets a region's own.
-    image_id: str = DLAMI_PARAMETER
-    images: dict[str, str] = Field(default_factory=dict)  # region → AMI id or resolve:ssm:<parameter>
-    image_cache_s: Seconds = 3600.0
-    ssm_endpoint_url: HttpUrl | None = None  # SSM's endpoint (resolve:ssm:); default: endpoint_url, else AWS's own
-    # An IAM instance profile (name or ARN) the instances run with: they then fetch their files and write their
-    # log and status under the run-time prefix with its role, not through presigned URLs that die with the
-    # broker's temporary credentials (docs/aws.md "Run-time reporting"). Unset: presigned URLs, and a launch
-    # whose URLs cannot be shown to outlive its max_duration is refused.
-    instance_profile: str | None = None
-    subnet_ids: dict[str, str] = Field(default_factory=dict)  # zone → subnet
-    security_group_ids: list[str] = Field(default_factory=list)
-    key_name: str | None = None
-    # On-demand prices from the AWS Price List API (GetProducts), cached for pricing_refresh_s; off, or when it
-    # cannot be reached, they come from the bundled snapshot and those offers say so (source: snapshot).
-    # None (the default): on, unless endpoint_url points EC2 at something else (moto has no Price List API).
-    use_pricing_api: bool | None = None
-    pricing_region: str = "us-east-1"  # the Price List API answers in us-east-1, eu-central-1 and ap-south-1
-    pricing_endpoint_url: HttpUrl | None = None  # a proxy or a test double; default: AWS's own endpoint
-    pricing_refresh_s: Seconds = 21_600.0  # list prices change rarely: every 6 h
-    pricing_retry_s: Seconds = 300.0  # after a failed fetch, the snapshot until then
-    pricing_concurrency: int = Field(default=4, ge=1, le=64)  # regions fetched at once (GetProducts is throttled)
-    capacity_reservations: bool = True
-    reserved_pools: list[ReservedPool] = Field(default_factory=list)
-    egress_usd_per_gb: Usd = 0.09
-    max_cluster_nodes: int = Field(default=16, ge=1, le=10_000)  # nodes offered together in one cluster placement group
-    placement_groups: bool = True  # multi-node jobs get a cluster placement group (off only for emulators)
-    # The run-time contract on EC2 (docs/aws.md "At run time"): the in-job wrapper, its manifest, each node's
-    # log and status go through this bucket by presigned URLs. Unset: a job runs as a bare `docker run` with no
-    # logs or exit status, and a job that needs env, secrets, files or a data input is refused at launch.
-    runtime_bucket: str | None = Field(default=None, min_length=3, max_length=63)
-    runtime_prefix: str = Field(default="lockstep", max_length=200)  # key prefix inside the bucket
-    runtime_region: str | None = None  # the bucket's region (SigV4 signs for it); default: the first of regions
-    s3_endpoint_url: HttpUrl | None = None  # S3's endpoint (moto in tests, a gateway endpoint); default: AWS's own
-    # Lifetime of the presigned GETs an instance boots with (wrapper, manifest, peer list, data input).
-    runtime_url_ttl_s: float = Field(default=3600.0, gt=0, le=604_800)
-
-    @field_validator("regions", mode="before")
-    @classmethod
-    def _regions(cls, value: Any) -> Any:
-        # `regions: all`, LOCKSTEP_AWS__REGIONS=all or ["all"]: discover them.
-        if value == "all" or value == ["all"]:
-            return "all"
-        if isinstance(value, str):
-            raise ValueError('a list of region names, or "all"')
-        if isinstance(value, list) and not value:
-            raise ValueError('at least one region, or "all"')
-        return value
-
-    @model_validator(mode="after")
-    def _one_image_per_region(self) -> AwsConfig:
-        # An AMI id names one region's image: with it as the image of several regions, every launch but those in
-        # its own region would fail (InvalidAMIID.NotFound). Said here, at `config check`, not at launch.
-        if not self.enabled or self.image_id.startswith(SSM_PREFIX):
-            return self
-        if self.regions == "all":
-            raise ValueError(f"image_id: {self.image_id} is one region's AMI, and regions is 'all': give "
-                             f"image_id as resolve:ssm:<parameter> (default: the Deep Learning AMI's)")
-        shared = [r for r in self.regions if r not in self.images]
-        if len(shared) > 1:
-            raise ValueError(f"images: no image for region {', '.join(shared[1:])}: image_id "
-                             f"{self.image_id} is one region's AMI (AMI ids are regional); set aws.images."
-                             f"<region> for each, or image_id: resolve:ssm:<parameter>")
-        return self
-
-    def image_for(self, region: str) -> str:
-        """The configured image of a region: its own (``images``), else ``image_id``."""
-        return self.images.get(region) or self.image_id
-
-    @property
-    def all_regions(self) -> bool:
-        """Regions come from DescribeRegions (``regions: all``)."""
-        return self.regions == "all"
-
-    @property
-    def home_region(self) -> str:
-        """Where account-wide calls go (DescribeRegions) and the bucket's default region."""
-        if self.runtime_region:
-            return self.runtime_region
-        return self.regions[0] if isinstance(self.regions, list) else "us-east-1"
-
-    @property
-    def pricing_enabled(self) -> bool:
-        return self.use_pricing_api if self.use_pricing_api is not None else self.endpoint_url is None
-
-
-class VastConfig(_Section):
-    enabled: bool = False
-    url: HttpUrl = alias("LOCKSTEP_VAST_URL", "https://console.vast.ai")
-    api_key: SecretStr | None = secret("api_key_file", "LOCKSTEP_VAST_API_KEY", credential=True)
-    api_key_file: str | None = None  # a mounted secret holding the key; read when the settings load
-    timeout_s: Seconds = 15.0
-    create_timeout_s: Seconds = 120.0  # creates and log requests: the CLI's 120 s
-    max_attempts: Attempts = 5
-    # A call and its retries start no attempt after this (searches run inside broker.provider_timeout_s).
-    retry_budget_s: Seconds = 25.0
-    # The instance list is read once per poll round (not one call per instance: Vast rate-limits per
-    # endpoint and key): polls within list_reuse_s of the last read use it (0: read every time).
-    list_reuse_s: SecondsOrOff = 2.0
-    # A multi-machine job's head is rented first; its peers once Vast shows its mapped rendezvous port.
-    ports_wait_s: Seconds = 600.0
-    min_reliability: Fraction = 0.9
-    verified_only: bool = True
-    egress_usd_per_gb: Usd = 0.0
-    # Retry pacing (tests shorten it); Retry-After from the API is honoured up to retry_after_max_s.
-    backoff_initial_s: Seconds = 0.5
-    backoff_max_s: Seconds = 20.0
-    retry_after_max_s: Seconds = 30.0
-    min_inet_down_mbps: float = Field(default=0.0, ge=0, le=1e6)  # pushed down to the search; 0 = no floor
-    search_limit: int = Field(default=256, ge=1, le=100_000)  # offers asked for per search
-    # A job's log comes through Vast's logs API (docs/vast.md): the last log_tail_lines lines, read from the
-    # result URL it gives, polled every log_poll_s until it is there (log_wait_s at most).
-    log_tail_lines: Count = 10_000
-    log_wait_s: Seconds = 15.0
-    log_poll_s: Seconds = 0.3
-
-    @model_validator(mode="after")
-    def _key_from_file(self) -> VastConfig:
-        self.api_key = _secret_or_file(self.api_key, self.api_key_file, "api_key_file",
-                                       "api_key (LOCKSTEP_VAST_API_KEY)")
-        return self
-
-
-class BrokerConfig(_Section):
+class BrokerConfig(Section):
     refresh_interval_s: Seconds = 60.0
     provider_timeout_s: Seconds = 30.0
     poll_interval_s: Seconds = 5.0
@@ -380,13 +111,13 @@ class BrokerConfig(_Section):
     # A running job stopped for its budget with signal_then_stop (a tenant's on_budget_exhausted) gets SIGTERM and
     # this long to checkpoint before its machines are released (docs/runtime.md); 0: released at once.
     budget_grace_s: SecondsOrOff = 120.0
-    # A job whose every feasible option is a snapshot price (the bundled catalog's rows, or a live market's offers
-    # priced from the snapshot): "warn" accepts it with a warning naming what to configure (docs/catalog.md);
+    # A job whose every feasible option is a snapshot price (the bundled price snapshot's rows, or a live market's
+    # offers priced from the snapshot): "warn" accepts it with a warning naming what to configure;
     # "refuse" refuses it (exit 3, HTTP 422) when no market that could run it is configured.
     snapshot_only_jobs: Literal["warn", "refuse"] = "warn"
 
 
-class TrackerConfig(_Section):
+class TrackerConfig(Section):
     interval_s: Seconds = 300.0
     spike_multiple: float = Field(default=1.5, gt=0, le=1000)  # flag when price > multiple × trailing median
     clear_multiple: float = Field(default=1.2, gt=0, le=1000)
@@ -394,23 +125,23 @@ class TrackerConfig(_Section):
     retention_days: int = Field(default=90, ge=1, le=36_500)
     compact_after_days: int = Field(default=7, ge=0, le=36_500)
     # often carries a token: never printed
-    webhook_url: Annotated[SecretStr | None, AfterValidator(_secret_http_url)] = secret(
+    webhook_url: Annotated[SecretStr | None, AfterValidator(secret_http_url)] = secret(
         "webhook_url_file", "LOCKSTEP_TRACKER__WEBHOOK_URL")
     webhook_url_file: str | None = None  # a mounted secret holding the URL; read when the settings load
 
     @model_validator(mode="after")
     def _url_from_file(self) -> TrackerConfig:
-        self.webhook_url = _secret_or_file(self.webhook_url, self.webhook_url_file, "webhook_url_file",
+        self.webhook_url = secret_or_file(self.webhook_url, self.webhook_url_file, "webhook_url_file",
                                            "webhook_url (LOCKSTEP_TRACKER__WEBHOOK_URL)")
         if self.webhook_url_file:  # read from the file: checked as the inline form is
             try:
-                _secret_http_url(self.webhook_url)
+                secret_http_url(self.webhook_url)
             except ValueError as exc:
                 raise ValueError(f"webhook_url_file: {exc}") from None
         return self
 
 
-class HealthConfig(_Section):
+class HealthConfig(Section):
     """The health gates' limits: policies.health.HealthThresholds' defaults (tests/foundation/test_settings_bounds.py
     holds them equal; configuration does not import policies)."""
 
@@ -425,7 +156,7 @@ class HealthConfig(_Section):
     burnin_results_dir: str = ""
 
 
-class SecretsConfig(_Section):
+class SecretsConfig(Section):
     """Where the names a job spec's ``secrets`` lists are looked up, at launch (docs/runtime.md).
 
     First match wins: a named file (``files``), a file of that name in ``dir`` (a mounted Kubernetes
@@ -438,15 +169,7 @@ class SecretsConfig(_Section):
     env_prefix: str = "LOCKSTEP_SECRET_"
 
 
-class RuntimeConfig(_Section):
-    """The in-job wrapper's settings, the same on every market (docs/runtime.md)."""
-
-    log_interval_s: Seconds = 5.0  # how often a node ships its log while the command runs
-    grace_s: float = Field(default=30.0, ge=0, le=_DAY)  # TERM → KILL when a command is stopped
-    rendezvous_wait_s: Seconds = 900.0  # how long a node waits for its peers' addresses
-
-
-class ApiConfig(_Section):
+class ApiConfig(Section):
     host: str = "127.0.0.1"
     port: Port = 8080
     max_body_bytes: int = Field(default=1_048_576, ge=1, le=1 << 30)
@@ -463,7 +186,7 @@ class ApiConfig(_Section):
     log_follow_max_s: Seconds = 86400.0
 
 
-class LocalConfig(_Section):
+class LocalConfig(Section):
     """The per-user background broker of local mode (`lockstep server`, broker/cli/localbroker.py)."""
 
     # It exits once no job is unfinished and no command has asked anything for this long (0: never); the
@@ -490,7 +213,7 @@ def credential_files(section: object) -> tuple[tuple[str, tuple[int, ...] | None
     return tuple(out)
 
 
-class EventsConfig(_Section):
+class EventsConfig(Section):
     """The event stream and webhooks (docs/api.md, "Events and webhooks")."""
 
     poll_interval_s: float = Field(default=0.5, gt=0, le=60)  # how often a follower / the outbox reads the store
@@ -516,10 +239,9 @@ class Settings(BaseSettings):
                                            "lockstep_alias": "LOCKSTEP_DB"})
     db_url_file: str | None = None  # a mounted secret holding the URL (it carries the password); read at load
     log_level: str = "INFO"
-    catalog: CatalogConfig = Field(default_factory=CatalogConfig)
-    slurm: SlurmConfig = Field(default_factory=SlurmConfig)
-    aws: AwsConfig = Field(default_factory=AwsConfig)
-    vast: VastConfig = Field(default_factory=VastConfig)
+    # Each market's section, as the registry lists them (`<key>:` in the file, LOCKSTEP_<KEY>__<FIELD> in the
+    # environment), here in the class body so that they keep their place among the keys (`config show`).
+    __annotations__.update({key: Annotated[model, Field(default_factory=model)] for key, model in SECTIONS.items()})
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     tracker: TrackerConfig = Field(default_factory=TrackerConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
@@ -562,7 +284,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _db_url_from_file(self) -> Settings:
         inline = SecretStr(self.db_url) if "db_url" in self.model_fields_set else None
-        url = _secret_or_file(inline, self.db_url_file, "db_url_file", "db_url (LOCKSTEP_DB)")
+        url = secret_or_file(inline, self.db_url_file, "db_url_file", "db_url (LOCKSTEP_DB)")
         if url is not None and self.db_url_file:
             try:
                 self.db_url = self._db_url(url.get_secret_value())
@@ -571,13 +293,23 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _vast_retries_within_the_broker_timeout(self) -> Settings:
-        # A search runs inside broker.provider_timeout_s: retries started past it are calls Vast rate-limits for
-        # nothing (the broker has given up on the answer).
-        if self.vast.enabled and self.vast.retry_budget_s >= self.broker.provider_timeout_s:
-            raise ValueError(f"vast: retry_budget_s ({self.vast.retry_budget_s:g} s) must be below "
-                             f"broker.provider_timeout_s ({self.broker.provider_timeout_s:g} s)")
+    def _markets_within_the_broker(self) -> Settings:
+        for key in SECTIONS:  # what an enabled market's section says against the broker's (its own check)
+            section = self.section(key, MarketSection)
+            if section.enabled:
+                try:
+                    section.check_with_broker(self.broker.provider_timeout_s)
+                except ValueError as exc:
+                    raise ValueError(f"{key}: {exc}") from None
         return self
+
+    def section(self, key: str, model: type[_M]) -> _M:
+        """A market's section, typed (``settings.section("x", XConfig)``): the markets' sections are the registry's,
+        so not declared here by name."""
+        value = getattr(self, key)
+        if not isinstance(value, model):
+            raise TypeError(f"settings.{key} is a {type(value).__name__}, not {model.__name__}")
+        return value
 
     def secret_values(self) -> list[str]:
         """The secrets this configuration holds in plain text, for the log redactor (every field marked secret)."""
@@ -653,7 +385,7 @@ def _derive() -> tuple[dict[str, tuple[str, ...]], dict[tuple[str, ...], tuple[s
         if isinstance(mark, dict):
             file_key = (*path[:-1], str(mark["file"]))
             secrets[path] = (".".join(file_key), str(mark["env"]))
-            if "__" not in str(mark["env"]):  # a short name (LOCKSTEP_VAST_API_KEY), not the nested form
+            if "__" not in str(mark["env"]):  # a short name (LOCKSTEP_<MARKET>_API_KEY), not the nested form
                 aliases.setdefault(str(mark["env"]), path)
             if mark["credential"]:
                 credentials[path[0]] = (*credentials.get(path[0], ()), path, file_key)
@@ -802,7 +534,7 @@ def _read_file(path: str) -> tuple[dict[str, Any], dict[tuple[Any, ...], str]]:
         raise ConfigError([Problem("", f"the top level must be a mapping of sections, not a {type(data).__name__}",
                                    f"{path}:1")])
     twice = duplicate_paths(node)
-    if twice:  # PyYAML keeps the last of the two without a word: a whole `vast:` section could vanish
+    if twice:  # PyYAML keeps the last of the two without a word: a whole market's section could vanish
         raise ConfigError([Problem(_dotted(key), f"written twice, at lines {first} and {again}", f"{path}:{again}")
                            for key, first, again in twice])
     lines: dict[tuple[Any, ...], str] = {}
@@ -905,7 +637,7 @@ class _Layers:
             for key in present:
                 if key[-1].endswith("_file") and isinstance(self.value(key), str):
                     try:
-                        _read_secret_file(self.value(key))
+                        read_secret_file(self.value(key))
                     except ValueError as exc:
                         out.append(Problem(_dotted(key), str(exc), self.locate(key)[1]))
         file_layer = self.layers[3]

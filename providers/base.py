@@ -20,7 +20,7 @@ from typing import ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from broker.config import RuntimeConfig
+from broker.configbase import RuntimeConfig
 from broker.models import PER_SECOND, Billing, JobSpec, Market, Offer
 from providers.runtime.manifest import RunRequest
 

@@ -70,7 +70,8 @@ GRAPH = {m: _imports(p, m) for m, p in MODULES.items()}
 LEAVES = {"broker.models", "broker.gpus", "broker.errors"}
 ALLOWED: dict[str, set[str]] = {
     "policies": LEAVES | {"broker.perf"},
-    "providers": LEAVES | {"broker.config"},
+    # The settings' base, not broker.config: that one builds Settings from the registry's markets (a cycle).
+    "providers": LEAVES | {"broker.configbase"},
 }
 
 
@@ -86,6 +87,11 @@ def test_a_layer_imports_only_what_it_may(layer: str) -> None:
 def test_the_leaves_import_no_other_project_module() -> None:
     wrong = sorted(f"{m} → {t}" for m in LEAVES for t in GRAPH[m] if t not in LEAVES)
     assert not wrong, wrong
+
+
+def test_the_settings_base_imports_no_project_module() -> None:
+    """broker.configbase is what the core's and every market's settings are built from: it stands below both."""
+    assert GRAPH["broker.configbase"] == set()
 
 
 def test_no_import_cycle_between_modules() -> None:
@@ -172,6 +178,38 @@ def test_the_core_knows_no_provider_by_name_and_probes_no_capability() -> None:
         if module.split(".")[0] in ("broker", "policies") and module != "broker.config":
             found += _names_compared(path, names) + _capability_probes(path)
     assert not found, "\n".join(found)
+
+
+# --------------------------------------------------------------------------- each market owns its settings (issue 23)
+
+
+def test_broker_config_names_no_market() -> None:
+    """The markets' sections, aliases, secrets and credentials come from the registry and the markets' own fields:
+    broker/config.py names none of them, not even in a comment or an example."""
+    text = (ROOT / "broker" / "config.py").read_text(encoding="utf-8").lower()
+    names = set(MARKETS) | {s for m in MARKETS.values() for s in (m.section, m.settings.__name__.lower())}
+    found = sorted(n for n in names if n.lower() in text)
+    assert not found, f"broker/config.py names a market: {found}"
+    assert "aws" in names and "vastconfig" in names  # the check looks for the real names
+
+
+def test_every_market_declares_its_settings_in_its_package() -> None:
+    """Each registered market's settings class is defined in providers/<its section>/config.py (a market that
+    shares a section, as reserved shares aws's, shares that package's), is a MarketSection, and is what
+    Settings holds under that key."""
+    from broker.config import Settings
+    from broker.configbase import MarketSection
+
+    for name, market in MARKETS.items():
+        path = ROOT / "providers" / market.section / "config.py"
+        assert path.is_file(), f"market {name}: no {path.relative_to(ROOT)}"
+        assert market.settings.__module__ == f"providers.{market.section}.config", name
+        assert f"class {market.settings.__name__}(" in path.read_text(encoding="utf-8"), name
+        assert issubclass(market.settings, MarketSection), name
+        assert Settings.model_fields[market.section].annotation is market.settings, name
+    core = {k for k, f in Settings.model_fields.items() if isinstance(f.annotation, type)
+            and issubclass(f.annotation, MarketSection)}
+    assert core == {m.section for m in MARKETS.values()}  # no market section that the registry does not list
 
 
 # --------------------------------------------------------------------------- the shells (issue 26)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from broker.errors import SpecError
 from broker.models import JobState
 from broker.service.runtime import Runtime
+from providers.slurm.config import OwnedCost, SlurmConfig
 
 if TYPE_CHECKING:  # the simulators and the advisor load numpy: imported when used, not with the service
     from broker.advise import Advice
@@ -51,7 +52,7 @@ class PlanningService(Runtime):
 
         cfg = ClusterConfig(onprem_gpus=onprem_gpus, gpus_per_node=gpus_per_node, gpu=_gpu(gpu),
                             max_queue_wait_hours=self.settings.broker.max_queue_wait_hours,
-                            owned=self.settings.slurm.owned)
+                            owned=self._owned())
         cfg.validate()
         return run_cluster(load_pods(pods), cfg, load_spot_trace(spot_trace, "--spot-trace"), policy).as_dict()
 
@@ -64,7 +65,11 @@ class PlanningService(Runtime):
         if gpus_per_node < 1:
             raise SpecError("--gpus-per-node", f"must be at least 1, not {gpus_per_node}")
         usage = usage_from_pods(load_pods(pods)) if pods is not None else await self._usage(since_days)
-        return advise(usage, catalog_prices(_gpu(gpu), gpus_per_node), self.settings.slurm.owned, gpus_per_node)
+        return advise(usage, catalog_prices(_gpu(gpu), gpus_per_node), self._owned(), gpus_per_node)
+
+    def _owned(self) -> OwnedCost:
+        """What owned hardware costs: the on-prem market's setting (its section is typed where it is defined)."""
+        return self.settings.section("slurm", SlurmConfig).owned
 
     async def _usage(self, since_days: float) -> Any:
         from broker.advise import usage_from_history

@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 
-from broker.config import OwnedCost
 from broker.errors import SpecError
 from broker.models import CostBreakdown, Fabric, JobSpec, Market, QuoteOption, Workload
 from broker.simulate.traces import Pod, SpotTrace
@@ -48,6 +47,7 @@ from policies.risk import DEFAULT_PREEMPTIONS_PER_HOUR, trace_preemption_rate
 from policies.spot import SpotMarket, availability_model, current_run, model_span, plan_step_hours
 from providers.catalog.offers import catalog_offers
 from providers.slurm import api
+from providers.slurm.config import OwnedCost
 from providers.slurm.queue import QueueModel
 
 CLUSTER_POLICIES = ("onprem-only", "cloud-only", "cheapest-first", "lockstep")

@@ -18,8 +18,8 @@ from typing import Any, Literal, TypeVar
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
 
-from broker.config import AwsConfig
 from broker.errors import ProviderError
+from providers.aws.config import AwsConfig
 from providers.aws.errors import map_error
 from providers.retry import retrying, with_retries
 

@@ -3,16 +3,16 @@
 A region's image is ``aws.images[region]``, else ``aws.image_id``; either is an AMI id, or
 ``resolve:ssm:<parameter>``, read from that region's SSM Parameter Store at launch (AWS publishes the Deep
 Learning AMI's current id per region under /aws/service/deeplearning/...), cached ``aws.image_cache_s``.
-A configuration that would launch one AMI id in several regions is refused when it loads (broker/config.py).
+A configuration that would launch one AMI id in several regions is refused when it loads (providers/aws/config.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from broker.config import SSM_PREFIX, AwsConfig
 from broker.errors import BadRequestError, ProviderError
 from providers.aws.client import SsmClient
+from providers.aws.config import SSM_PREFIX, AwsConfig
 
 
 class ImageResolver:

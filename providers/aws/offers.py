@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from broker.config import AwsConfig
 from broker.models import Colocate, Fabric, Locality, Market, Network, Offer, OfferSource, utcnow
+from providers.aws.config import AwsConfig
 from providers.aws.instance_types import GpuType
 from providers.aws.pricing import OnDemandPrices
 from providers.base import OfferQuery

@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from broker.config import AwsConfig
 from broker.models import Market, PricePoint, as_utc
 from providers.aws.client import Ec2Client
+from providers.aws.config import AwsConfig
 from providers.aws.instance_types import GpuType
 from providers.catalog.client import aws_instance_info, load_catalog
 

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from broker.config import AwsConfig
 from broker.errors import ProviderError
 from broker.models import OfferSource
 from providers.aws.client import PricingClient
+from providers.aws.config import AwsConfig
 from providers.catalog.client import aws_on_demand_price, load_catalog
 from providers.catalog.offers import as_of
 

@@ -37,7 +37,6 @@ from typing import Any
 
 from aiobotocore.session import AioSession
 
-from broker.config import AwsConfig
 from broker.errors import BadRequestError, ProviderError
 from broker.models import (
     PER_SECOND_MIN_60,
@@ -51,6 +50,7 @@ from broker.models import (
     PricePoint,
 )
 from providers.aws.client import Ec2Client, PricingClient, S3Client, SsmClient, chunks
+from providers.aws.config import AwsConfig
 from providers.aws.images import ImageResolver
 from providers.aws.instance_types import GPU_TYPE_PATTERNS, GpuType, latest_spot_prices, parse_instance_type
 from providers.aws.offers import offer_id, query_accepts, zone_offers

@@ -11,9 +11,9 @@ import re
 import shlex
 from typing import Any
 
-from broker.config import AwsConfig
 from broker.errors import BadRequestError
 from broker.models import Fabric, Market
+from providers.aws.config import AwsConfig
 from providers.aws.instance_types import GpuType
 from providers.base import JOB_TAG, OWNER_TAG, TENANT_TAG, LaunchRequest
 

@@ -21,9 +21,9 @@ import asyncio
 import logging
 from typing import Any
 
-from broker.config import AwsConfig, ReservedPool
 from broker.errors import ProviderError
 from broker.models import Allocation, AllocationStatus, Market, Offer
+from providers.aws.config import AwsConfig, ReservedPool
 from providers.aws.instance_types import GpuType
 from providers.aws.offers import make_offer, query_accepts
 from providers.aws.provider import AwsProvider

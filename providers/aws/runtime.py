@@ -32,10 +32,10 @@ from datetime import datetime
 from typing import Any
 
 import providers.aws.uploads as uploads
-from broker.config import AwsConfig
 from broker.errors import BadRequestError, ProviderError
 from broker.models import Allocation, JobExit, utcnow
 from providers.aws.client import S3Client
+from providers.aws.config import AwsConfig
 from providers.aws.requests import boot_script
 from providers.base import LaunchRequest
 from providers.runtime.logs import parse_heartbeat, parse_status

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from broker.config import AwsConfig
+from providers.aws.config import AwsConfig
 
 INSTANCE_PROFILE = "instance_profile"
 PRESIGNED = "presigned"

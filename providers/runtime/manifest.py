@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from broker.config import RuntimeConfig
+from broker.configbase import RuntimeConfig
 from broker.models import JobSpec, RegistryAuth
 
 DEFAULT_GRACE_S = 30.0

@@ -11,8 +11,8 @@ from collections.abc import Generator
 
 import httpx
 
-from broker.config import SlurmConfig
 from broker.errors import ProviderAuthError
+from providers.slurm.config import SlurmConfig
 
 PROVIDER = "slurm"
 

@@ -17,10 +17,10 @@ import httpx
 from tenacity import AsyncRetrying
 
 import providers.slurm.api as api
-from broker.config import SlurmConfig
 from broker.errors import BadRequestError, TransientError
 from providers.retry import retrying
 from providers.slurm.auth import TokenAuth
+from providers.slurm.config import SlurmConfig
 from providers.slurm.errors import raise_for
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import providers.slurm.api as api
-from broker.config import SlurmConfig
 from broker.gpus import GPU_SPECS, normalise_gpu
 from broker.models import Colocate, Fabric, IntraNode, Locality, Market, Network, Offer
 from providers.capabilities import NodeUsage
+from providers.slurm.config import SlurmConfig
 from providers.slurm.queue import QueueModel
 
 PROVIDER = "slurm"

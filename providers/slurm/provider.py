@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 import providers.slurm.api as api
-from broker.config import SlurmConfig
 from broker.errors import BadRequestError, CapacityError, TransientError
 from broker.models import Allocation, AllocationState, AllocationStatus, ExitReason, JobExit, Market, Offer
 from providers.base import JOB_TAG, OWNER_TAG, TENANT_TAG, LaunchRequest, OfferQuery
@@ -37,6 +36,7 @@ from providers.capabilities import (
 )
 from providers.runtime.logs import job_exit
 from providers.slurm.client import SlurmClient
+from providers.slurm.config import SlurmConfig
 from providers.slurm.offers import OfferBuilder, node_usage
 from providers.slurm.queue import RUNNING_STATES, estimate_wait_hours
 from providers.slurm.requests import (

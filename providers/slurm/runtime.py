@@ -36,12 +36,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from broker.config import SlurmConfig
 from broker.errors import BadRequestError
 from broker.models import ExitReason, JobExit
 from providers.runtime.logs import parse_heartbeat, parse_log, parse_status
 from providers.runtime.manifest import RunRequest, build_manifest, wrapper_source
 from providers.runtime.wrapper import WRAPPER_FAILED
+from providers.slurm.config import SlurmConfig
 
 CONTAINERS_ATTR = "containers"  # Offer.attrs: the pool's container runtime ("none": host only)
 NO_CONTAINERS = "none"

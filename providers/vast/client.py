@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, stop_after_attempt, stop_before_delay
 
-from broker.config import VastConfig
 from broker.errors import TransientError
 from providers.retry import retrying, with_retries
+from providers.vast.config import VastConfig
 from providers.vast.errors import PROVIDER, raise_for, transport_error
 
 log = logging.getLogger(__name__)

@@ -23,10 +23,10 @@ import math
 import re
 from typing import Any
 
-from broker.config import VastConfig
 from broker.gpus import GPU_SPECS, normalise_gpu
 from broker.models import Colocate, Fabric, IntraNode, Locality, Market, Network, Offer, Perf
 from providers.base import OfferQuery
+from providers.vast.config import VastConfig
 
 log = logging.getLogger(__name__)
 

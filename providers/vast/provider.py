@@ -27,7 +27,6 @@ from collections import OrderedDict, defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
-from broker.config import VastConfig
 from broker.errors import BadRequestError, CapacityError
 from broker.models import (
     PER_SECOND,
@@ -43,6 +42,7 @@ from providers.base import LaunchRequest, OfferQuery
 from providers.capabilities import AssemblesNodes, HasJobLogs
 from providers.runtime.manifest import exit_nonce
 from providers.vast.client import VastClient
+from providers.vast.config import VastConfig
 from providers.vast.errors import GONE_CODES, PROVIDER, Refused
 from providers.vast.offers import country_of, normalise, num, search_query, wanted_markets
 from providers.vast.requests import create_body, label_for, label_prefix, member_label, parse_label

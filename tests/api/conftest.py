@@ -27,10 +27,11 @@ from aiohttp import web
 from pydantic import SecretStr
 
 from broker.api import create_app, start_server
-from broker.config import ApiConfig, EventsConfig, Settings, VastConfig
+from broker.config import ApiConfig, EventsConfig, Settings
 from broker.models import Role
 from broker.service import Lockstep
 from broker.store import open_store
+from providers.vast.config import VastConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 import pytest
 from aiobotocore.session import AioSession
 
-from broker.config import AwsConfig
 from broker.models import JobSpec, Market, Offer
 from providers.aws import AwsProvider
+from providers.aws.config import AwsConfig
 from providers.base import LaunchRequest
 
 INSTALLATION = "lockstep-test"

@@ -16,8 +16,8 @@ from typing import Any
 from aiobotocore.session import AioSession
 from botocore.stub import Stubber
 
-from broker.config import AwsConfig
 from providers.aws import AwsProvider
+from providers.aws.config import AwsConfig
 from tests.aws.conftest import INSTALLATION
 
 # Nothing listens here; the Stubber answers before any connection is made.

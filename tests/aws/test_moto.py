@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from aiobotocore.session import AioSession
 
-from broker.config import AwsConfig
 from broker.errors import CapacityError, ProviderAuthError
 from broker.models import AllocationState, Colocate, Fabric, IntraNode, Market
 from providers.aws import AwsProvider
+from providers.aws.config import AwsConfig
 from providers.aws.requests import ATTEMPT_TAG, CLIENT_TOKEN_TAG, PROVIDER_TAG
 from providers.base import JOB_TAG, OWNER_TAG, TENANT_TAG, OfferQuery
 from tests.aws.conftest import INSTALLATION, launch_request, pick

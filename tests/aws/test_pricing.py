@@ -21,12 +21,12 @@ import pytest
 from aiobotocore.session import AioSession
 from botocore.stub import Stubber
 
-from broker.config import AwsConfig
 from broker.market import Marketplace
 from broker.models import JobSpec, Market, OfferSource
 from policies.ranking import quote
 from providers.aws import AwsProvider
 from providers.aws.client import PricingClient
+from providers.aws.config import AwsConfig
 from providers.aws.pricing import OnDemandPricing, parse_price_list, product_filters, snapshot_date
 from providers.base import OfferQuery
 from providers.catalog import CatalogProvider

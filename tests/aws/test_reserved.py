@@ -8,9 +8,9 @@ import pytest
 from aiobotocore.session import AioSession
 from botocore.stub import ANY
 
-from broker.config import AwsConfig, ReservedPool
 from broker.models import AllocationState, Colocate, Market
 from providers.aws import AwsProvider, ReservedProvider
+from providers.aws.config import AwsConfig, ReservedPool
 from providers.base import OfferQuery
 from tests.aws.conftest import INSTALLATION, launch_request
 from tests.aws.stubs import instance, stub_config, stubbed

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from broker.config import AwsConfig, RuntimeConfig
+from broker.config import RuntimeConfig
 from broker.errors import BadRequestError
 from broker.models import AllocationState, ExitReason, JobSpec, Market, Offer
 from providers.aws import AwsProvider
+from providers.aws.config import AwsConfig
 from providers.aws.requests import RUNTIME_TAG
 from providers.aws.runtime import EFA_ENV, MAX_PRESIGN_S, RunLocation, aws_manifest, upload_ttl_s
 from providers.base import LaunchRequest, OfferQuery

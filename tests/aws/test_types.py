@@ -108,8 +108,8 @@ def test_connection_and_credential_errors() -> None:
 
 
 def test_spot_request_caps_the_price_per_node() -> None:
-    from broker.config import AwsConfig
     from broker.models import Locality, Market, Offer
+    from providers.aws.config import AwsConfig
     from providers.aws.requests import run_instances_request
     from tests.aws.conftest import job, launch_request
 

@@ -16,9 +16,9 @@ import boto3
 import pytest
 from aiobotocore.session import AioSession
 
-from broker.config import AwsConfig
 from broker.errors import BadRequestError
 from providers.aws import AwsProvider
+from providers.aws.config import AwsConfig
 from providers.aws.runtime import RunLocation
 from providers.aws.uploads import INSTANCE_PROFILE, PRESIGNED, Credentials, choose
 from tests.aws.boot import BUCKET, ec2_client, s3_client, user_data_of

@@ -19,7 +19,7 @@ from typing import TypeVar
 import pytest
 
 from broker import burnin
-from broker.config import BrokerConfig, HealthConfig, Settings, SlurmConfig
+from broker.config import BrokerConfig, HealthConfig, Settings
 from broker.errors import SpecError, TransientError
 from broker.models import AllocationState, Benchmark, Fabric, JobSpec, Workload
 from broker.service import Lockstep
@@ -27,6 +27,7 @@ from broker.store import Store
 from policies.offers import OfferFilter
 from providers.base import LaunchRequest
 from providers.slurm import SlurmProvider
+from providers.slurm.config import SlurmConfig
 from tests.conftest import ROOT
 from tests.plugins.slurm import SlurmCluster
 from tests.waiting import eventually

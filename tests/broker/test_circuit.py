@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import BrokerConfig, Settings, SlurmConfig, credential_files
+from broker.config import BrokerConfig, Settings, credential_files
 from broker.errors import BadRequestError, CapacityError, ProviderAuthError, QuotaError, TransientError
 from broker.lifecycle import JobLifecycle
 from broker.loops import RETRY_AFTER, BrokerLoops
@@ -21,6 +21,7 @@ from broker.market import CircuitBreaker, CircuitOpen, CircuitPolicy, CircuitSta
 from broker.models import Job, JobState
 from broker.service import Lockstep
 from broker.store import Store
+from providers.slurm.config import SlurmConfig
 from tests.broker.memory import NOW, MemoryProvider, offer, placed_job, spec
 
 

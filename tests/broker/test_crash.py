@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import BrokerConfig, Settings, VastConfig
+from broker.config import BrokerConfig, Settings
 from broker.models import AllocationState, JobState
 from broker.service import Lockstep
 from broker.store import Store
 from providers.vast import VastProvider
+from providers.vast.config import VastConfig
 from tests.broker.harness import Brokers, audit, child_env, launches, submit_jobs
 from tests.plugins.moto import FaultProxy
 from tests.vastapi.server import VastApiServer

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import VastConfig
 from broker.lifecycle import JobLifecycle
 from broker.models import Allocation, AllocationState, JobState, utcnow
 from broker.reconcile import reconcile
 from broker.store import Store
 from providers.vast import VastProvider
+from providers.vast.config import VastConfig
 from tests.broker.harness import Brokers, audit, child_env, submit_jobs
 from tests.plugins.moto import FaultProxy
 from tests.vastapi.server import VastApiServer

@@ -21,11 +21,12 @@ import httpx
 import pytest
 
 from broker.api import create_app, start_server
-from broker.config import BrokerConfig, RuntimeConfig, Settings, VastConfig
+from broker.config import BrokerConfig, RuntimeConfig, Settings
 from broker.models import TERMINAL_STATES, Job, JobState, Role, Tenant
 from broker.service import Lockstep
 from broker.store import Store
 from providers.vast import VastProvider
+from providers.vast.config import VastConfig
 from tests.conftest import missing
 from tests.vastapi.server import VastApiServer
 from tests.waiting import eventually

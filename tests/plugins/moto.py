@@ -32,7 +32,7 @@ import pytest
 from aiobotocore.session import AioSession
 from aiohttp import ClientSession, web
 
-from broker.config import AwsConfig
+from providers.aws.config import AwsConfig
 from tests.conftest import missing
 
 _DUMMY_ENV = {

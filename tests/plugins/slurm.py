@@ -4,7 +4,7 @@
   slurmrestd answers a ping with the token; otherwise ``missing()`` (skip outside CI, fail in CI).
   Gives a :class:`SlurmCluster` with the URL, user, token, slurm.conf path and ``cli()`` to run Slurm's
   command-line tools safely (SLURM_CONF set, SLURM_JWT removed).
-- ``slurm_config`` (function): a ready :class:`broker.config.SlurmConfig` for that cluster.
+- ``slurm_config`` (function): a ready :class:`providers.slurm.config.SlurmConfig` for that cluster.
 - ``slurm_installation`` (session): an installation name unique to this test session, so the tests' jobs
   are told apart from anyone else's; every job it owns is cancelled at the end of the session.
 """
@@ -23,7 +23,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from broker.config import SlurmConfig
+from providers.slurm.config import SlurmConfig
 from tests.conftest import ROOT, missing
 
 ENV_FILE = ROOT / "deploy" / "slurm" / ".state" / "env"

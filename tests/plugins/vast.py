@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 from pydantic import SecretStr
 
-from broker.config import VastConfig
+from providers.vast.config import VastConfig
 from tests.vastapi.server import VastApiServer
 
 VAST_TEST_KEY = "vast-test-key-0f3c9a7e51d2"

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 import pytest
 from aiobotocore.session import AioSession
 
-from broker.config import AwsConfig, ReservedPool
 from broker.models import Market, Offer
 from providers.aws import AwsProvider, ReservedProvider
+from providers.aws.config import AwsConfig, ReservedPool
 from providers.base import OfferQuery
 from tests.plugins.moto import moto_config
 from tests.providers.kit import (

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from broker.config import SlurmConfig
 from broker.models import Offer
 from providers.base import OfferQuery
 from providers.slurm import SlurmProvider
+from providers.slurm.config import SlurmConfig
 from tests.plugins.slurm import SlurmCluster
 from tests.providers.kit import (
     DrainsNodesContract,

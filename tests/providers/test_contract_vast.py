@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 import pytest
 from pydantic import SecretStr
 
-from broker.config import VastConfig
 from broker.models import Market
 from providers.base import OfferQuery
 from providers.vast import VastProvider
+from providers.vast.config import VastConfig
 from tests.plugins.vast import VAST_TEST_KEY
 from tests.providers.kit import (
     AssemblesNodesContract,

@@ -18,13 +18,14 @@ from typing import Any
 import pytest
 from aiobotocore.session import AioSession
 
-from broker.config import AwsConfig, BrokerConfig, RuntimeConfig, SecretsConfig, Settings
+from broker.config import BrokerConfig, RuntimeConfig, SecretsConfig, Settings
 from broker.models import Allocation, AllocationState, Job, JobState
 from broker.reconcile import reconcile
 from broker.service import Lockstep
 from broker.specs import parse_spec
 from broker.store import Store
 from providers.aws import AwsProvider
+from providers.aws.config import AwsConfig
 from providers.aws.runtime import RunLocation
 from providers.runtime.logs import parse_log
 from tests.aws.boot import BUCKET, FakeImds, Node, ec2_client, on_loopback, runtime_overrides, s3_client

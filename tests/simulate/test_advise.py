@@ -17,11 +17,11 @@ from broker.advise import (
     usage_from_intervals,
     usage_from_pods,
 )
-from broker.config import OwnedCost
 from broker.errors import SpecError
 from broker.models import Allocation, AllocationState, Job, JobSpec
 from broker.simulate.traces import load_pods
 from broker.store import Store
+from providers.slurm.config import OwnedCost
 
 PRICES = catalog_prices("H100", 8)
 

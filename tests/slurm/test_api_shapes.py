@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from broker.config import SlurmConfig
 from broker.errors import BadRequestError, CapacityError, ProviderAuthError, TransientError
 from broker.models import Colocate, Fabric, IntraNode, Market
 from providers.slurm import api
+from providers.slurm.config import SlurmConfig
 from providers.slurm.errors import raise_for
 from providers.slurm.offers import OfferBuilder, gpu_model, node_traits
 from providers.slurm.queue import constraint_matches, estimate_wait_hours

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import SlurmConfig
 from broker.models import AllocationState, JobState, month_start
+from providers.slurm.config import SlurmConfig
 from tests.plugins.slurm import SlurmCluster
 from tests.slurm.test_runtime import SlurmBroker
 from tests.waiting import eventually

@@ -19,12 +19,12 @@ from typing import TypeVar
 import pytest
 from pydantic import SecretStr
 
-from broker.config import SlurmConfig
 from broker.errors import BadRequestError, CapacityError, ProviderAuthError
 from broker.models import Allocation, AllocationState, Colocate, Fabric, JobSpec, Offer, Workload
 from providers.base import LaunchRequest
 from providers.runtime.logs import parse_log
 from providers.slurm import SlurmProvider
+from providers.slurm.config import SlurmConfig
 from tests.plugins.slurm import SlurmCluster
 from tests.waiting import eventually
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from broker.config import SlurmConfig
 from broker.models import JobState
 from providers.runtime.manifest import RunRequest
+from providers.slurm.config import SlurmConfig
 from tests.plugins.slurm import SlurmCluster
 from tests.slurm.test_runtime import SlurmBroker, slurm_job
 from tests.waiting import eventually

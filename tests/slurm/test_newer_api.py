@@ -20,11 +20,11 @@ import pytest
 from aiohttp import web
 from pydantic import SecretStr
 
-from broker.config import SlurmConfig
 from broker.errors import TransientError
 from broker.models import AllocationState, JobSpec, Workload
 from providers.base import LaunchRequest
 from providers.slurm import SlurmProvider
+from providers.slurm.config import SlurmConfig
 
 V40 = "slurm/slurm-23.11-v0.0.40"
 SPEC41 = "slurm/specs/slurm_openapi_spec_v0.0.41_testsuite.json"

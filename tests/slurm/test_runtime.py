@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from broker.config import BrokerConfig, RuntimeConfig, SecretsConfig, Settings, SlurmConfig
+from broker.config import BrokerConfig, RuntimeConfig, SecretsConfig, Settings
 from broker.models import Allocation, AllocationState, Job, JobState
 from broker.reconcile import reconcile
 from broker.service import Lockstep
@@ -30,6 +30,7 @@ from broker.specs import parse_spec
 from broker.store import Store
 from providers.runtime.logs import parse_log
 from providers.slurm import SlurmProvider
+from providers.slurm.config import SlurmConfig
 from providers.slurm.runtime import AttemptDir
 from tests.plugins.slurm import SlurmCluster
 from tests.runtime.barrier import SCRIPT as BARRIER_SCRIPT

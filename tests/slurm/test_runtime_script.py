@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from broker.config import SlurmConfig
 from broker.errors import BadRequestError
 from broker.models import ExitReason, JobSpec, Locality, Offer, Workload
 from providers.base import LaunchRequest
 from providers.runtime.manifest import RunRequest
 from providers.runtime.wrapper import CONTAINER_SHELL, command_argv
 from providers.slurm import SlurmProvider
+from providers.slurm.config import SlurmConfig
 from providers.slurm.runtime import (
     AttemptDir,
     JobFiles,

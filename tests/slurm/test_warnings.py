@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from broker.config import SlurmConfig
 from broker.errors import BadRequestError
 from broker.models import JobSpec, Workload
 from providers.base import LaunchRequest
 from providers.slurm import SlurmProvider
+from providers.slurm.config import SlurmConfig
 from tests.slurm.test_newer_api import V40, NewSlurm, fake_jwt, new_slurm
 
 __all__ = ["new_slurm"]  # the fixture, imported for pytest

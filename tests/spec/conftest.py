@@ -24,10 +24,11 @@ import pytest
 
 from broker.api import create_app
 from broker.cli import main
-from broker.config import ApiConfig, Settings, VastConfig
+from broker.config import ApiConfig, Settings
 from broker.models import Role
 from broker.service import Lockstep
 from broker.store import open_store
+from providers.vast.config import VastConfig
 from tests.api.conftest import ServerThread
 
 ROOT = Path(__file__).resolve().parents[2]

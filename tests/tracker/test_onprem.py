@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import SlurmConfig
 from broker.models import Locality, Market, Offer
 from broker.price_summaries import market_summaries, percentile, rate_points, utilisation_points
 from broker.store import Store
 from broker.tracker import Tracker
 from providers.slurm import SlurmProvider, api
+from providers.slurm.config import SlurmConfig
 from providers.slurm.offers import gpu_model, node_usage
 
 AT = datetime(2026, 1, 5, tzinfo=UTC)

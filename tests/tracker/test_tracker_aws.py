@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from broker.config import AwsConfig, Settings, TrackerConfig
+from broker.config import Settings, TrackerConfig
 from broker.models import Market
 from broker.store import Store
 from broker.tracker import Tracker
 from providers.aws import AwsProvider
+from providers.aws.config import AwsConfig
 from providers.catalog.client import aws_instance_info
 from tests.plugins.moto import FaultProxy
 

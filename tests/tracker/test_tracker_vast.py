@@ -9,12 +9,13 @@ from collections import Counter
 import pytest
 
 from broker.cli.prices import _alert_row
-from broker.config import Settings, TrackerConfig, VastConfig
+from broker.config import Settings, TrackerConfig
 from broker.gpus import normalise_gpu
 from broker.models import Market
 from broker.store import Store, open_store
 from broker.tracker import Tracker
 from providers.vast import VastProvider
+from providers.vast.config import VastConfig
 from tests.vastapi.server import VastApiServer
 
 

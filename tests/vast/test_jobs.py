@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import BrokerConfig, RuntimeConfig, SecretsConfig, Settings, VastConfig
+from broker.config import BrokerConfig, RuntimeConfig, SecretsConfig, Settings
 from broker.models import TERMINAL_STATES, Allocation, Job, JobState
 from broker.reconcile import reconcile
 from broker.service import Lockstep
@@ -25,6 +25,7 @@ from broker.specs import parse_spec
 from broker.store import Store
 from providers.runtime.logs import parse_log
 from providers.vast import VastProvider
+from providers.vast.config import VastConfig
 from tests.broker.conftest import wait_for
 from tests.vastapi.server import VastApiServer
 from tests.waiting import eventually

@@ -25,11 +25,12 @@ import pytest
 import yaml
 
 from broker.api import create_app, start_server
-from broker.config import BrokerConfig, RuntimeConfig, SecretsConfig, Settings, VastConfig
+from broker.config import BrokerConfig, RuntimeConfig, SecretsConfig, Settings
 from broker.models import TERMINAL_STATES, AllocationState, Job, JobState, LogLine, Role
 from broker.service import Lockstep
 from broker.store import Store
 from providers.vast import VastProvider
+from providers.vast.config import VastConfig
 from tests.vastapi.server import VastApiServer
 from tests.waiting import eventually
 

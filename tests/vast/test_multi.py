@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import VastConfig
 from broker.errors import CapacityError
 from broker.models import AllocationState, JobState, Market
 from broker.specs import parse_spec
@@ -22,6 +21,7 @@ from policies.assembly import combine, member_ids
 from providers.base import LaunchRequest, OfferQuery
 from providers.runtime.logs import parse_log
 from providers.vast import VastProvider
+from providers.vast.config import VastConfig
 from providers.vast.requests import member_label, parse_label
 from tests.broker.conftest import wait_for
 from tests.runtime.barrier import SCRIPT as BARRIER_SCRIPT

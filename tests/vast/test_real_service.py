@@ -101,7 +101,8 @@ async def test_the_retry_budget_ends_a_call_that_keeps_being_refused(vast_api, v
 def test_timeouts_follow_the_cli_and_retries_fit_the_brokers_timeout(vast_config):
     from pydantic import ValidationError
 
-    from broker.config import BrokerConfig, Settings, VastConfig
+    from broker.config import BrokerConfig, Settings
+    from providers.vast.config import VastConfig
     assert VastConfig().create_timeout_s == 120.0  # vastai's per-request timeout, for slow creates
     assert VastConfig().retry_budget_s < BrokerConfig().provider_timeout_s
     with pytest.raises(ValidationError, match="retry_budget_s"):

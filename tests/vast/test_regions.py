@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 
 import pytest
 
-from broker.config import VastConfig
 from broker.models import Market
 from broker.specs import parse_spec
 from policies.assembly import member_ids
@@ -16,6 +15,7 @@ from policies.book import OfferBook
 from policies.ranking import quote
 from providers.base import OfferQuery
 from providers.vast import VastProvider
+from providers.vast.config import VastConfig
 from providers.vast.offers import country_of
 from tests.vastapi.server import VastApiServer
 

@@ -10,10 +10,10 @@ import sys
 import httpx
 from pydantic import SecretStr
 
-from broker.config import VastConfig
 from broker.models import Market
 from providers.base import OfferQuery
 from providers.vast import VastProvider
+from providers.vast.config import VastConfig
 from tests.conftest import ROOT
 from tests.plugins.vast import VAST_TEST_KEY
 from tests.vastapi.server import VastApiServer, free_port

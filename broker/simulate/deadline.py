@@ -143,6 +143,82 @@ class DeadlineResult:
                 "met_deadline": self.met_deadline, "preemptions": self.preemptions, "changeovers": self.changeovers}
 
 
+@dataclass
+class Tally:
+    """The engine's accounting of one job, tick by tick: the one step both engines (one zone, several) run.
+
+    Where the job runs (mode and zone: idle, where its checkpoint lies), the changeover still to
+    go, the progress, what was paid and the segments. :meth:`advance` applies a policy's choice
+    for one tick; a start in another zone than the checkpoint's adds ``move_seconds`` of overhead
+    and ``move_usd`` of cost (a migration; one zone: never).
+    """
+
+    job: JobSeconds
+    zone: int = 0
+    mode: Mode = Mode.idle
+    overhead: int = 0
+    done: int = 0
+    cost: float = 0.0
+    paid: dict[Mode, int] = field(default_factory=lambda: {Mode.spot: 0, Mode.on_demand: 0})
+    preemptions: int = 0
+    changeovers: int = 0
+    moves: int = 0
+    finish: int | None = None
+    segments: list[tuple[int, Segment]] = field(default_factory=list)
+
+    def see(self, spot_here: bool) -> bool:
+        """The tick's spot where the job runs: a spot instance without it is lost (True: preempted now)."""
+        if self.mode is Mode.spot and not spot_here:
+            self.mode, self.overhead = Mode.idle, 0
+            self.preemptions += 1
+            return True
+        return False
+
+    def advance(self, tick: int, gap: int, want: Mode, where: int = 0, move_seconds: int = 0,
+                move_usd: float = 0.0) -> bool:
+        """Run ``want`` in zone ``where`` for tick ``tick``; True once the job is done."""
+        js = self.job
+        launched = want is not Mode.idle and (want is not self.mode or where != self.zone)
+        if launched:
+            self.overhead = js.changeover
+            self.changeovers += 1
+            if where != self.zone:  # the checkpoint and the data follow the job
+                self.overhead += move_seconds
+                self.cost += move_usd
+                self.moves += 1
+            self.zone = where
+        self.mode = want
+        if want is Mode.idle:
+            return False
+        spent_overhead = min(self.overhead, gap)
+        work = min(gap - spent_overhead, js.work - self.done)
+        used = spent_overhead + work
+        self.overhead -= spent_overhead
+        self.done += work
+        self.paid[want] += used
+        self.cost += js.price(want) * used / 3600.0
+        start = tick * gap
+        last = self.segments[-1] if self.segments else None
+        if last and last[0] == self.zone and last[1].mode is want and last[1].end == start and not launched:
+            last[1].end, last[1].work = start + used, last[1].work + work
+        else:
+            self.segments.append((self.zone, Segment(want, start, start + used, work)))
+        if self.done >= js.work:
+            self.finish = start + used
+            return True
+        return False
+
+    def result_fields(self, policy: str) -> dict[str, Any]:
+        """The fields of a :class:`DeadlineResult` for this run."""
+        js = self.job
+        return dict(policy=policy, cost=self.cost, spot_hours=self.paid[Mode.spot] / 3600.0,
+                    ondemand_hours=self.paid[Mode.on_demand] / 3600.0,
+                    finish_hour=None if self.finish is None else self.finish / 3600.0,
+                    met_deadline=self.finish is not None and self.finish <= js.deadline,
+                    preemptions=self.preemptions, changeovers=self.changeovers,
+                    segments=[s for _, s in self.segments])
+
+
 def simulate(job: DeadlineJob | JobSeconds, available: np.ndarray | Sequence[bool], gap: int,
              policy: Policy) -> DeadlineResult:
     """Run ``policy`` tick by tick; ``available`` starts at the job's submission (ticks past its end: no spot)."""
@@ -151,50 +227,16 @@ def simulate(job: DeadlineJob | JobSeconds, available: np.ndarray | Sequence[boo
     policy.start(js, gap)
     # A policy that idles forever must not hang the simulator: past this it is reported unfinished.
     last_tick = (js.deadline + js.work + 2 * js.changeover) // gap + 2
-    mode, overhead, done = Mode.idle, 0, 0
-    cost = 0.0
-    paid = {Mode.spot: 0, Mode.on_demand: 0}
-    preemptions = changeovers = 0
-    finish: int | None = None
-    segments: list[Segment] = []
+    run = Tally(js)
     for tick in range(last_tick):
         here = avail[tick] if tick < len(avail) else False
-        preempted = mode is Mode.spot and not here
-        if preempted:
-            mode, overhead = Mode.idle, 0
-            preemptions += 1
-        want = policy.act(Step(tick, tick * gap, gap, here, mode, done, overhead, preempted, js))
+        preempted = run.see(here)
+        want = policy.act(Step(tick, tick * gap, gap, here, run.mode, run.done, run.overhead, preempted, js))
         if want is Mode.spot and not here:
             raise RuntimeError(f"policy {policy.name} asked for spot at tick {tick}, when none could be had")
-        launched = want is not mode and want is not Mode.idle
-        mode = want
-        if launched:
-            overhead = js.changeover
-            changeovers += 1
-        if mode is Mode.idle:
-            continue
-        spent_overhead = min(overhead, gap)
-        work = min(gap - spent_overhead, js.work - done)
-        used = spent_overhead + work
-        overhead -= spent_overhead
-        done += work
-        paid[mode] += used
-        cost += js.price(mode) * used / 3600.0
-        start = tick * gap
-        if segments and segments[-1].mode is mode and segments[-1].end == start and not launched:
-            segments[-1].end, segments[-1].work = start + used, segments[-1].work + work
-        else:
-            segments.append(Segment(mode, start, start + used, work))
-        if done >= js.work:
-            finish = start + used
+        if run.advance(tick, gap, want):
             break
-    return DeadlineResult(
-        policy=policy.name, cost=cost, spot_hours=paid[Mode.spot] / 3600.0,
-        ondemand_hours=paid[Mode.on_demand] / 3600.0,
-        finish_hour=None if finish is None else finish / 3600.0,
-        met_deadline=finish is not None and finish <= js.deadline,
-        preemptions=preemptions, changeovers=changeovers, segments=segments,
-    )
+    return DeadlineResult(**run.result_fields(policy.name))
 
 
 # --------------------------------------------------------------------------- baseline policies
@@ -330,6 +372,30 @@ def _launch(cands: list[QuoteOption], available: bool) -> Mode:
     return Mode.idle  # every try failed: the job stays pending until the next pass
 
 
+class FollowedMarket:
+    """One availability series followed tick by tick: its model (from the history) and its present run.
+
+    What ``policies.spot.spot_market`` computes from the whole series, kept incrementally (both
+    engines, one zone or several, follow their markets through it).
+    """
+
+    def __init__(self, history: np.ndarray, gap: int, step_hours: float) -> None:
+        start, end = model_span(len(history), gap)
+        self.model = availability_model(history[start:end], gap, step_hours=step_hours)
+        self.gap = gap
+        self.up, self.run_ticks = current_run(history, gap)[0], 0
+        if len(history):
+            self.run_ticks = round(current_run(history, gap)[1] * 3600 / gap) + 1
+
+    def see(self, available: bool) -> SpotMarket:
+        # as policies.spot.spot_market computes it from the whole series, kept incrementally
+        if available == self.up and self.run_ticks:
+            self.run_ticks += 1
+        else:
+            self.up, self.run_ticks = available, 1
+        return SpotMarket(self.model, self.up, (self.run_ticks - 1) * self.gap / 3600.0)
+
+
 class Lockstep:
     """The broker's policy, through the same pure functions the live broker calls, at the same decision points.
 
@@ -362,22 +428,8 @@ class Lockstep:
         self.job, self.gap = job, gap
         self.spec = _sim_spec(job)
         self.options = _options(job)
-        start, end = model_span(len(self.history), gap)
-        self.model = availability_model(self.history[start:end], gap,
-                                        step_hours=plan_step_hours(job.deadline / 3600.0))
-        self.up, self.run_ticks = current_run(self.history, gap)[0], 0
-        if len(self.history):
-            self.run_ticks = round(current_run(self.history, gap)[1] * 3600 / gap) + 1
+        self.market = FollowedMarket(self.history, gap, plan_step_hours(job.deadline / 3600.0))
         self.restart_minutes = job.changeover / 60.0
-
-    def _market(self, available: bool) -> SpotMarket:
-        # the series now ends with this tick: up or down, and for how many ticks before it
-        # (what policies.spot.spot_market computes from the whole series, kept incrementally)
-        if available == self.up and self.run_ticks:
-            self.run_ticks += 1
-        else:
-            self.up, self.run_ticks = available, 1
-        return SpotMarket(self.model, self.up, (self.run_ticks - 1) * self.gap / 3600.0)
 
     def situation(self, step: Step, market: SpotMarket) -> Situation:
         return Situation(now=EPOCH + timedelta(seconds=step.elapsed),
@@ -386,7 +438,7 @@ class Lockstep:
                          decision_interval_hours=self.gap / 3600.0)
 
     def act(self, step: Step) -> Mode:
-        market = self._market(step.available)
+        market = self.market.see(step.available)
         if step.mode is Mode.spot:
             return Mode.spot
         situation = self.situation(step, market)

@@ -26,9 +26,11 @@ from broker.simulate.deadline import (
     EPOCH,
     DeadlineJob,
     DeadlineResult,
+    FollowedMarket,
     JobSeconds,
     Mode,
     Segment,
+    Tally,
     _launch,
     _options,
     _sim_spec,
@@ -37,9 +39,6 @@ from broker.simulate.traces import SpotTrace
 from policies.placement import Situation, candidates, decide, rebalance
 from policies.spot import (
     SpotMarket,
-    availability_model,
-    current_run,
-    model_span,
     must_run_on_demand,
     plan_step_hours,
     spot_zone_costs,
@@ -125,56 +124,18 @@ def simulate_zones(job: DeadlineJob | JobSeconds, available: np.ndarray, gap: in
     Z = avail.shape[0]
     policy.start(js, gap, migration, Z)
     last_tick = (js.deadline + js.work + 2 * (js.changeover + migration.seconds)) // gap + 2
-    mode, zone, overhead, done = Mode.idle, home, 0, 0
-    cost = 0.0
-    paid = {Mode.spot: 0, Mode.on_demand: 0}
-    preemptions = changeovers = moves = 0
-    finish: int | None = None
-    segments: list[tuple[int, Segment]] = []
+    run = Tally(js, zone=home)
     for tick in range(last_tick):
         here = tuple(bool(avail[z, tick]) if tick < avail.shape[1] else False for z in range(Z))
-        preempted = mode is Mode.spot and not here[zone]
-        if preempted:
-            mode, overhead = Mode.idle, 0
-            preemptions += 1
-        want, where = policy.act(ZoneStep(tick, tick * gap, gap, here, mode, zone, done, overhead, preempted, js,
-                                          migration))
+        preempted = run.see(here[run.zone])
+        want, where = policy.act(ZoneStep(tick, tick * gap, gap, here, run.mode, run.zone, run.done, run.overhead,
+                                          preempted, js, migration))
         if want is Mode.spot and not here[where]:
             raise RuntimeError(f"policy {policy.name} asked for spot in zone {where} at tick {tick}, when none "
                                "could be had")
-        launched = want is not Mode.idle and (want is not mode or where != zone)
-        if launched:
-            overhead = js.changeover
-            changeovers += 1
-            if where != zone:  # the checkpoint and the data follow the job
-                overhead += migration.seconds
-                cost += migration.usd
-                moves += 1
-            zone = where
-        mode = want
-        if mode is Mode.idle:
-            continue
-        spent_overhead = min(overhead, gap)
-        work = min(gap - spent_overhead, js.work - done)
-        used = spent_overhead + work
-        overhead -= spent_overhead
-        done += work
-        paid[mode] += used
-        cost += js.price(mode) * used / 3600.0
-        start = tick * gap
-        last = segments[-1] if segments else None
-        if last and last[0] == zone and last[1].mode is mode and last[1].end == start and not launched:
-            last[1].end, last[1].work = start + used, last[1].work + work
-        else:
-            segments.append((zone, Segment(mode, start, start + used, work)))
-        if done >= js.work:
-            finish = start + used
+        if run.advance(tick, gap, want, where, migration.seconds, migration.usd):
             break
-    return ZoneResult(
-        policy=policy.name, cost=cost, spot_hours=paid[Mode.spot] / 3600.0,
-        ondemand_hours=paid[Mode.on_demand] / 3600.0, finish_hour=None if finish is None else finish / 3600.0,
-        met_deadline=finish is not None and finish <= js.deadline, preemptions=preemptions,
-        changeovers=changeovers, segments=[s for _, s in segments], moves=moves, zone_segments=segments)
+    return ZoneResult(**run.result_fields(policy.name), moves=run.moves, zone_segments=run.segments)
 
 
 class FixedZones:
@@ -188,26 +149,6 @@ class FixedZones:
 
     def act(self, step: ZoneStep) -> tuple[Mode, int]:
         return self.plan[step.tick] if step.tick < len(self.plan) else (Mode.idle, step.zone)
-
-
-class _Market:
-    """One availability series followed tick by tick: its model (from the history) and its present run."""
-
-    def __init__(self, history: np.ndarray, gap: int, step_hours: float) -> None:
-        start, end = model_span(len(history), gap)
-        self.model = availability_model(history[start:end], gap, step_hours=step_hours)
-        self.gap = gap
-        self.up, self.run_ticks = current_run(history, gap)[0], 0
-        if len(history):
-            self.run_ticks = round(current_run(history, gap)[1] * 3600 / gap) + 1
-
-    def see(self, available: bool) -> SpotMarket:
-        # as policies.spot.spot_market computes it from the whole series, kept incrementally
-        if available == self.up and self.run_ticks:
-            self.run_ticks += 1
-        else:
-            self.up, self.run_ticks = available, 1
-        return SpotMarket(self.model, self.up, (self.run_ticks - 1) * self.gap / 3600.0)
 
 
 class LockstepZones:
@@ -236,7 +177,7 @@ class LockstepZones:
         self.spec, self.options = _sim_spec(job), _options(job)
         step_h = plan_step_hours(job.deadline / 3600.0)
         hist = self.histories or [np.zeros(0, dtype=bool)] * zones
-        self.zones = [_Market(h, gap, step_h) for h in hist]
+        self.zones = [FollowedMarket(h, gap, step_h) for h in hist]
 
     def act(self, step: ZoneStep) -> tuple[Mode, int]:
         markets = [m.see(a) for m, a in zip(self.zones, step.available, strict=True)]

@@ -129,7 +129,7 @@ def test_the_simulator_sees_the_market_as_the_live_helper_builds_it() -> None:
     policy = Lockstep(history, 600)
     policy.start(job, 600)
     for i, available in enumerate(trace):
-        got = policy._market(bool(available))
+        got = policy.market.see(bool(available))
         want = spot_market(np.concatenate([history, trace[: i + 1]]), 600, submitted_tick=len(history))
         assert got.model == want.model and got.up == want.up
         assert got.age_hours == pytest.approx(want.age_hours)

@@ -75,7 +75,7 @@ from providers.aws.requests import (
 )
 from providers.aws.runtime import RUNTIME_ATTR, RunFiles, launch_order, missing_runtime
 from providers.base import JOB_TAG, OWNER_TAG, LaunchRequest, OfferQuery
-from providers.capabilities import HasHeartbeat, HasJobLogs, HasSpotPriceHistory
+from providers.capabilities import HasHeartbeat, HasJobLogs, HasSpotPriceHistory, ReportsEnd
 from providers.runtime.logs import job_exit
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def _tags(instance: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in instance.get("Tags") or []}
 
 
-class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory):
+class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory, ReportsEnd):
     """EC2 spot and on-demand capacity (see module docstring)."""
 
     name = "aws"
@@ -534,6 +534,14 @@ class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory):
         if self.runs is None:
             return ""
         return await self.runs.log(self.runs.location_of(alloc), rank)
+
+    async def end_reported(self, alloc: Allocation) -> bool:
+        """A node's status has reached the run-time bucket (S3 reads only, no EC2 call); never without the
+        run-time contract (the poll's EC2 states are all there is)."""
+        if self.runs is None or not alloc.resource_ids:
+            return False
+        statuses = await self.runs.statuses(self.runs.location_of(alloc), len(alloc.resource_ids))
+        return job_exit(statuses, len(alloc.resource_ids)) is not None
 
     async def heartbeat(self, alloc: Allocation, *, rank: int = 0) -> datetime | None:
         """Node ``rank``'s last heartbeat in the run-time bucket (None without the run-time contract)."""

@@ -17,6 +17,7 @@ from tests.providers.kit import (
     HasJobLogsContract,
     LaunchesContract,
     OffersContract,
+    ReportsEndContract,
     SpotHistoryContract,
     Subject,
 )
@@ -30,7 +31,8 @@ def p4d(offers: list[Offer]) -> Offer:
     return next(o for o in offers if o.sku == "p4d.24xlarge")
 
 
-class TestAws(OffersContract, LaunchesContract, SpotHistoryContract, HasJobLogsContract, HasHeartbeatContract):
+class TestAws(OffersContract, LaunchesContract, SpotHistoryContract, HasJobLogsContract, HasHeartbeatContract,
+              ReportsEndContract):
     provider_type = AwsProvider
 
     @pytest.fixture

@@ -15,6 +15,7 @@ from tests.plugins.moto import moto_config
 from tests.providers.kit import (
     HasHeartbeatContract,
     HasJobLogsContract,
+    KeepsBillingRecordContract,
     LaunchesContract,
     OffersContract,
     ReportsEndContract,
@@ -32,7 +33,7 @@ def p4d(offers: list[Offer]) -> Offer:
 
 
 class TestAws(OffersContract, LaunchesContract, SpotHistoryContract, HasJobLogsContract, HasHeartbeatContract,
-              ReportsEndContract):
+              ReportsEndContract, KeepsBillingRecordContract):
     provider_type = AwsProvider
 
     @pytest.fixture

@@ -30,10 +30,10 @@ from typing import Any
 from broker.config import VastConfig
 from broker.errors import BadRequestError, CapacityError
 from broker.models import (
-    PER_SECOND,
     Allocation,
     AllocationState,
     AllocationStatus,
+    Billing,
     ExitReason,
     JobExit,
     Market,
@@ -109,7 +109,9 @@ def map_instance_state(inst: dict[str, Any], *, bid: bool = False) -> tuple[Allo
 
 class VastProvider(HasJobLogs, AssemblesNodes, ReportsEnd):
     name = PROVIDER
-    billing = PER_SECOND  # Vast bills a rented instance per second
+    # Vast charges an instance's price for its exact running time (its record: start_date to destruction, × dph),
+    # not whole seconds rounded up: booked the same way, a job of a few seconds books what the market did.
+    billing = Billing(increment_s=0)
 
     def __init__(self, config: VastConfig, *, installation: str = "lockstep") -> None:
         self.config = config

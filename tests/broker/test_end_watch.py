@@ -1,8 +1,8 @@
 """Release at the end, not at the next poll (issue 24 item 4): the broker's end watch sees the wrapper's report
 of its command's end (on the local Vast API server: the container exited, its last line the exit status) and
-releases the machine at once — the job failed with its code, the instance destroyed, its cost booked — with
-no poll pass in between; a poll pass and the watch racing on the same end destroy the machine once and book
-it once. On both store backends.
+releases the machine at once — the job failed with its code, the instance destroyed, its cost booked for the
+instance's exact time — with no poll pass in between; a poll pass and the watch racing on the same end destroy
+the machine once and book it once. On both store backends.
 
 The command waits for a file the test writes once a poll has seen it running, so nothing here is timed."""
 
@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from broker.config import BrokerConfig, Settings, VastConfig
-from broker.models import AllocationState, JobState
+from broker.models import AllocationState, JobState, as_utc
 from broker.service import Lockstep
 from broker.specs import parse_spec
 from broker.store import Store
@@ -71,6 +72,9 @@ async def test_the_wrappers_end_report_releases_the_machine_without_a_poll(
     assert done.state is AllocationState.failed and done.cost_usd is not None and done.ended_at is not None
     iid = alloc.resource_ids[0]
     assert destroys(vast_api, iid) == 1
+    # Booked for the instance's exact time from Vast's own start, as Vast's record counts it (no whole seconds).
+    assert done.billed_s == pytest.approx(
+        (as_utc(done.ended_at) - as_utc(datetime.fromisoformat(done.attrs["running_since"]))).total_seconds())
     # The poll that comes later finds nothing left to do: no second destroy, the booking unchanged.
     await svc.broker.poll_once()
     assert await svc.broker.watch_ends() == 0

@@ -70,8 +70,9 @@ def exit_time(log: str) -> float | None:
     for line in reversed(log.splitlines()):
         _, marker, rest = line.partition("LOCKSTEP-EXIT ")
         if marker:
+            doc = rest[rest.find("{"):]  # the line carries the attempt's nonce before its JSON
             try:
-                return datetime.fromisoformat(json.loads(rest)["ended_at"].replace("Z", "+00:00")).timestamp()
+                return datetime.fromisoformat(json.loads(doc)["ended_at"].replace("Z", "+00:00")).timestamp()
             except (ValueError, KeyError):
                 return None
     return None

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from broker.budgets import BudgetAlert, BudgetWatch
 from broker.config import Settings
 from broker.errors import ProviderError
+from broker.ledger import ENDED
 from broker.lifecycle import BurnInResults, JobLifecycle, PlacementLimits, PlacementWait
 from broker.market import CircuitOpen, Marketplace
 from broker.models import Allocation, AllocationState, Job, JobSpec, JobState, Market, utcnow
@@ -29,6 +30,7 @@ from broker.reconcile import ReconcileReport, reconcile
 from broker.router import PlacementResult, Router
 from broker.secrets import SecretSources
 from policies.placement import rebalance
+from providers.capabilities import ReportsEnd
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -49,6 +51,10 @@ PLACE_MIN_GAP_S = 0.25
 # over the queue (which also finds other processes' jobs) is made at least this often.
 FULL_LOOK_EVERY_S = 1.0
 POLLING_AT_ONCE = 16  # provider polls in flight at once in one poll pass
+# The end watch looks this often (never less often than the poll) for the wrapper's report of its command's end
+# on the allocations the last poll saw running, where the market can say so apart from a poll (ReportsEnd): the
+# machine is then released at once, not up to a poll interval later (issue 24 item 4).
+END_WATCH_S = 0.25
 MAX_HINTS = 100_000  # past this, hints are dropped: the next full look finds those jobs anyway
 
 
@@ -98,6 +104,12 @@ class BrokerLoops:
         self._sem = asyncio.Semaphore(PLACING_AT_ONCE)
         self._reconciled_at: float | None = None  # loop time of the last reconciliation
         self.reconciled: tuple[datetime, ReconcileReport] | None = None  # the last completed one (metrics)
+        # The end watch's view: allocations the last poll saw running on a market that reports ends; the ids
+        # being followed right now (by a poll or by the watch: one follower at a time, so one release); and
+        # those the watch closed since the poll pass in progress read its list (that pass skips them).
+        self._running: dict[str, Allocation] = {}
+        self._following: set[str] = set()
+        self._closed: set[str] = set()
 
     # ------------------------------------------------------------------ placing
     async def _place_tick(self) -> list[PlacementResult]:
@@ -273,6 +285,9 @@ class BrokerLoops:
         round trip to the slowest market, not one per allocation, so a command that ended is seen — and its
         machine released — within one poll interval however many allocations are live."""
         allocs: list[Allocation] = await asyncio.to_thread(self.store.live_allocations)
+        live = {a.id for a in allocs}
+        self._closed.clear()  # only what the watch closes from now on was read live into this pass's list
+        self._running = {k: v for k, v in self._running.items() if k in live}
         sem = asyncio.Semaphore(POLLING_AT_ONCE)
 
         async def one(alloc: Allocation) -> bool:
@@ -286,11 +301,54 @@ class BrokerLoops:
             log.exception("budget check")
         return sum(polled)
 
-    async def _poll_one(self, alloc: Allocation) -> bool:
-        """Poll one allocation (an intent is the router's, or reconciliation's); True when the market answered."""
+    async def watch_ends(self) -> int:
+        """One look of the end watch: each allocation the last poll saw running whose market reports ends
+        (:class:`~providers.capabilities.ReportsEnd`) is asked whether its wrapper reported the command's end;
+        one that did is polled and followed at once — its job ended, its machine released and its cost booked
+        by the same code as a poll's, one follower at a time (a poll of the same allocation waits its turn and
+        then skips it). Returns how many were followed."""
+        watched = [a for a in self._running.values() if a.id not in self._following]
+        if not watched:
+            return 0
+        sem = asyncio.Semaphore(POLLING_AT_ONCE)
+
+        async def one(alloc: Allocation) -> bool:
+            provider = self.market.launcher(alloc.provider)
+            if not isinstance(provider, ReportsEnd) or alloc.id in self._following:
+                return False
+            async with sem:
+                try:
+                    reported = await provider.end_reported(alloc)
+                except ProviderError as exc:  # unreadable now: the poll decides as before
+                    log.info("end report of %s not read: %s", alloc.id, exc)
+                    return False
+                if not reported or alloc.id in self._following or alloc.id not in self._running:
+                    return False
+                await self._poll_one(alloc, closes=True)
+                return True
+
+        return sum(await asyncio.gather(*(one(a) for a in watched)))
+
+    async def _poll_one(self, alloc: Allocation, *, closes: bool = False) -> bool:
+        """Poll one allocation (an intent is the router's, or reconciliation's); True when the market answered.
+        ``closes``: the end watch's call (what it closes, a poll pass that read it before then skips)."""
+        if alloc.id in self._following or alloc.id in self._closed:
+            return False  # the other follower has it (or has just closed it): one release, one booking
+        self._following.add(alloc.id)
+        try:
+            return await self._follow_one(alloc, closes)
+        finally:
+            self._following.discard(alloc.id)
+
+    async def _follow_one(self, alloc: Allocation, closes: bool) -> bool:
         provider = self.market.launcher(alloc.provider)
         if provider is None:
             return False
+        if closes:  # the watch's copy is the last poll's: read what that poll wrote (and whether it is over)
+            alloc = await asyncio.to_thread(self.store.get_allocation, alloc.id)
+            if alloc.state in ENDED:
+                self._running.pop(alloc.id, None)
+                return False
         try:
             status = await self.market.circuits[alloc.provider].call(functools.partial(provider.poll, alloc))
         except CircuitOpen:
@@ -304,6 +362,12 @@ class BrokerLoops:
         except Exception:  # one allocation's trouble must not stop the others' polls
             log.exception("following %s", alloc.id)
             return True
+        if status.state is AllocationState.running and isinstance(provider, ReportsEnd):
+            self._running[alloc.id] = alloc
+        else:
+            self._running.pop(alloc.id, None)
+            if closes and status.state is not AllocationState.pending:
+                self._closed.add(alloc.id)
         if moved is JobState.pending:  # requeued: place it again at once
             self._retry_at.pop(alloc.job_id, None)
             if len(self.hints) < MAX_HINTS:
@@ -362,6 +426,7 @@ class BrokerLoops:
             asyncio.create_task(self._loop("place", b.place_interval_s, self._place_tick, self.wake,
                                            min(PLACE_MIN_GAP_S, b.place_interval_s))),
             asyncio.create_task(self._loop("poll", b.poll_interval_s, self.poll_once)),
+            asyncio.create_task(self._loop("end watch", min(END_WATCH_S, b.poll_interval_s), self.watch_ends)),
             asyncio.create_task(self._loop("reconcile", RECONCILE_EVERY_S, self.reconcile_periodic)),
         ]
         if b.rebalance_interval_s > 0:

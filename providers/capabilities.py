@@ -48,6 +48,7 @@ __all__ = [
     "Launches",
     "ListsNodes",
     "NodeUsage",
+    "ReportsEnd",
     "RunsBurnIn",
     "SignalsJobs",
     "Snapshot",
@@ -199,6 +200,16 @@ class HasHeartbeat(Launches):
     @abc.abstractmethod
     async def heartbeat(self, alloc: Allocation, *, rank: int = 0) -> datetime | None:
         """When node ``rank``'s wrapper last said it was alive (None: no beat has arrived)."""
+
+
+class ReportsEnd(Launches):
+    """Can tell, more cheaply than a full poll, that a node's in-job wrapper has reported its command's end
+    (its status in the run-time bucket, the container's exit in the instance list): the broker watches that
+    report between polls and releases the machine at once rather than at the next poll (broker/loops.py)."""
+
+    @abc.abstractmethod
+    async def end_reported(self, alloc: Allocation) -> bool:
+        """True once a node of ``alloc`` has reported its command's end (the next ``poll`` then says how)."""
 
 
 class AssemblesNodes(Launches):

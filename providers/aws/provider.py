@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -75,7 +76,14 @@ from providers.aws.requests import (
 )
 from providers.aws.runtime import RUNTIME_ATTR, RunFiles, launch_order, missing_runtime
 from providers.base import JOB_TAG, OWNER_TAG, LaunchRequest, OfferQuery
-from providers.capabilities import HasHeartbeat, HasJobLogs, HasSpotPriceHistory
+from providers.capabilities import (
+    BilledSpan,
+    HasHeartbeat,
+    HasJobLogs,
+    HasSpotPriceHistory,
+    KeepsBillingRecord,
+    ReportsEnd,
+)
 from providers.runtime.logs import job_exit
 
 log = logging.getLogger(__name__)
@@ -84,6 +92,28 @@ _GONE_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
 # EC2's state reason when the instance's own OS shut it down: on a job's instance, its wrapper (or its boot
 # script) did, so the job ended there; it is no preemption even when no status reached the bucket.
 SELF_SHUTDOWN = "Client.InstanceInitiatedShutdown"
+# EC2's StateTransitionReason of an instance stopped or terminated: "User initiated (2026-12-06 04:00:00 GMT)"
+# (moto writes UTC); the moment in it is when the instance stopped billing.
+_TRANSITION_AT = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
+
+
+def launched_at(inst: dict[str, Any]) -> datetime | None:
+    """EC2's own launch time of an instance (aware, UTC)."""
+    at = inst.get("LaunchTime")
+    if isinstance(at, str):
+        at = datetime.fromisoformat(at.replace("Z", "+00:00"))
+    if not isinstance(at, datetime):
+        return None
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+
+def stopped_at(inst: dict[str, Any]) -> datetime | None:
+    """When EC2 says a stopped or terminated instance went down (its StateTransitionReason); None while it runs,
+    or when the reason carries no time."""
+    if inst.get("State", {}).get("Name") not in _GONE_STATES:
+        return None
+    m = _TRANSITION_AT.search(str(inst.get("StateTransitionReason") or ""))
+    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC) if m else None
 
 
 @dataclass
@@ -102,7 +132,7 @@ def _tags(instance: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in instance.get("Tags") or []}
 
 
-class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory):
+class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory, ReportsEnd, KeepsBillingRecord):
     """EC2 spot and on-demand capacity (see module docstring)."""
 
     name = "aws"
@@ -486,8 +516,10 @@ class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory):
         if lost:
             return self._lost(alloc, found, lost)
         states = {found[i]["State"]["Name"] for i in ids if i not in gone}
-        if states == {"running"}:
-            return AllocationStatus(state=AllocationState.running, hosts=hosts)
+        if states == {"running"}:  # billed from EC2's own launch of the instances, not from this poll
+            starts = [t for i in ids if (t := launched_at(found[i])) is not None]
+            return AllocationStatus(state=AllocationState.running, hosts=hosts,
+                                    started_at=min(starts) if len(starts) == len(ids) else None)
         return AllocationStatus(state=AllocationState.pending, reason="starting", hosts=hosts)
 
     async def _statuses(self, alloc: Allocation, found: dict[str, dict[str, Any]],
@@ -534,6 +566,33 @@ class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory):
         if self.runs is None:
             return ""
         return await self.runs.log(self.runs.location_of(alloc), rank)
+
+    async def end_reported(self, alloc: Allocation) -> bool:
+        """A node's status has reached the run-time bucket (S3 reads only, no EC2 call); never without the
+        run-time contract (the poll's EC2 states are all there is)."""
+        if self.runs is None or not alloc.resource_ids:
+            return False
+        statuses = await self.runs.statuses(self.runs.location_of(alloc), len(alloc.resource_ids))
+        return job_exit(statuses, len(alloc.resource_ids)) is not None
+
+    async def billed_span(self, alloc: Allocation) -> BilledSpan | None:
+        """EC2's own record of the attempt's instances: from their launch (``LaunchTime``) to the last one's stop
+        or termination (the time in its ``StateTransitionReason``); ``end`` None while one still runs. None when
+        EC2 no longer lists them (terminated instances drop out of DescribeInstances after about an hour)."""
+        ids = list(alloc.resource_ids)
+        found: dict[str, dict[str, Any]] = {}
+        for chunk in chunks(ids):
+            for inst in await self.ec2.instances(alloc.region, [{"Name": "instance-id", "Values": chunk}]):
+                found[inst["InstanceId"]] = inst
+        if not ids or any(i not in found for i in ids):
+            return None
+        starts = [launched_at(found[i]) for i in ids]
+        ends = [stopped_at(found[i]) for i in ids]
+        if any(t is None for t in starts):
+            return None
+        start = min(t for t in starts if t is not None)
+        end = max(t for t in ends if t is not None) if all(t is not None for t in ends) else None
+        return BilledSpan(start=start, end=max(end, start) if end is not None else None)
 
     async def heartbeat(self, alloc: Allocation, *, rank: int = 0) -> datetime | None:
         """Node ``rank``'s last heartbeat in the run-time bucket (None without the run-time contract)."""

@@ -29,17 +29,17 @@ from typing import Any
 
 from broker.errors import BadRequestError, CapacityError
 from broker.models import (
-    PER_SECOND,
     Allocation,
     AllocationState,
     AllocationStatus,
+    Billing,
     ExitReason,
     JobExit,
     Market,
     Offer,
 )
 from providers.base import LaunchRequest, OfferQuery
-from providers.capabilities import AssemblesNodes, HasJobLogs
+from providers.capabilities import AssemblesNodes, HasJobLogs, ReportsEnd
 from providers.runtime.manifest import exit_nonce
 from providers.vast.client import VastClient
 from providers.vast.config import VastConfig
@@ -107,9 +107,11 @@ def map_instance_state(inst: dict[str, Any], *, bid: bool = False) -> tuple[Allo
     return AllocationState.unknown, actual
 
 
-class VastProvider(HasJobLogs, AssemblesNodes):
+class VastProvider(HasJobLogs, AssemblesNodes, ReportsEnd):
     name = PROVIDER
-    billing = PER_SECOND  # Vast bills a rented instance per second
+    # Vast charges an instance's price for its exact running time (its record: start_date to destruction, × dph),
+    # not whole seconds rounded up: booked the same way, a job of a few seconds books what the market did.
+    billing = Billing(increment_s=0)
 
     def __init__(self, config: VastConfig, *, installation: str = "lockstep") -> None:
         self.config = config
@@ -343,6 +345,13 @@ class VastProvider(HasJobLogs, AssemblesNodes):
         return AllocationStatus(state=AllocationState.succeeded if end.succeeded else AllocationState.failed,
                                 reason=end.describe(), hosts=hosts, exit=end, started_at=started,
                                 usd_per_hour=_price(inst))
+
+    async def end_reported(self, alloc: Allocation) -> bool:
+        """A machine's container has exited (its wrapper's last line is the exit status): one read of the
+        instance list, shared with the polls within ``vast.list_reuse_s`` (Vast's rate limit decides how soon)."""
+        rows = await self._rows(alloc.resource_ids)
+        return any(str((rows.get(i) or {}).get("actual_status") or "").lower() == "exited"
+                   for i in alloc.resource_ids)
 
     async def _node_end(self, iid: str, inst: dict[str, Any], nonce: str) -> JobExit:
         """How an exited machine's command ended (its log read once, then kept)."""

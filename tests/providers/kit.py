@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import ClassVar
@@ -56,6 +56,7 @@ from providers.capabilities import (
     Launches,
     ListsNodes,
     NodeUsage,
+    ReportsEnd,
     RunsBurnIn,
     SignalsJobs,
     Snapshot,
@@ -276,6 +277,21 @@ class HasHeartbeatContract:
             await p.release(alloc)
 
 
+class ReportsEndContract:
+    """ReportsEnd: a live allocation whose command still runs (a long sleep) reports no end, and reading it
+    never fails; an end reported and acted on is tests/broker/test_end_watch.py's."""
+
+    async def test_no_end_is_reported_while_the_command_runs(self, subject: Subject) -> None:
+        p = subject.provider
+        assert isinstance(p, ReportsEnd)
+        offers = [o for o in await p.offers(subject.query) if matches(o, subject.query)]
+        alloc = await p.launch(launch_request(replace(subject, command="sleep 600"), subject.pick(offers)))
+        try:
+            assert await p.end_reported(alloc) is False
+        finally:
+            await p.release(alloc)
+
+
 class DrainsNodesContract:
     """DrainsNodes: a drained node leaves the offers; resumed, it comes back."""
 
@@ -415,6 +431,7 @@ CONTRACTS: dict[type[Provider], type] = {
     KeepsBillingRecord: KeepsBillingRecordContract,
     SignalsJobs: SignalsJobsContract,
     HasHeartbeat: HasHeartbeatContract,
+    ReportsEnd: ReportsEndContract,
     AssemblesNodes: AssemblesNodesContract,
     DrainsNodes: DrainsNodesContract,
     ListsNodes: ListsNodesContract,

@@ -15,8 +15,10 @@ from tests.plugins.moto import moto_config
 from tests.providers.kit import (
     HasHeartbeatContract,
     HasJobLogsContract,
+    KeepsBillingRecordContract,
     LaunchesContract,
     OffersContract,
+    ReportsEndContract,
     SpotHistoryContract,
     Subject,
 )
@@ -30,7 +32,8 @@ def p4d(offers: list[Offer]) -> Offer:
     return next(o for o in offers if o.sku == "p4d.24xlarge")
 
 
-class TestAws(OffersContract, LaunchesContract, SpotHistoryContract, HasJobLogsContract, HasHeartbeatContract):
+class TestAws(OffersContract, LaunchesContract, SpotHistoryContract, HasJobLogsContract, HasHeartbeatContract,
+              ReportsEndContract, KeepsBillingRecordContract):
     provider_type = AwsProvider
 
     @pytest.fixture

@@ -17,11 +17,13 @@ from tests.providers.kit import (
     HasJobLogsContract,
     LaunchesContract,
     OffersContract,
+    ReportsEndContract,
     Subject,
 )
 
 
-class TestVast(OffersContract, LaunchesContract, AssemblesNodesContract, HasJobLogsContract):
+class TestVast(OffersContract, LaunchesContract, AssemblesNodesContract, HasJobLogsContract,
+               ReportsEndContract):
     provider_type = VastProvider
 
     @pytest.fixture

@@ -5,7 +5,7 @@ Real PostgreSQL (the ``store`` fixture) under the router; the markets are in mem
 
 from __future__ import annotations
 
-from broker.models import JobState, Locality
+from broker.models import JobState, Locality, Market
 from broker.store import Store
 from tests.broker.memory import MemoryProvider, offer, router_over, submit_and_place
 
@@ -24,3 +24,22 @@ async def test_a_pending_job_names_the_unhealthy_nodes(store: Store) -> None:
     assert "unhealthy: 5" in res.reason, res.reason
     named = [h for h in hosts if h in res.reason]
     assert len(named) == 3 and "and 2 more" in res.reason, res.reason  # bounded: the first few, then a count
+
+
+async def test_a_deadline_burst_event_carries_the_wait_the_deadline_and_both_costs(store: Store) -> None:
+    # The on-prem pool is full (a 30 h queue) and the job has 20 h: the quote rejects the node as `deadline`,
+    # and the placement event still says why the job left, in numbers.
+    busy = offer("onprem", "node-1", 0.25, market=Market.owned, max_nodes=1, queue_wait_hours=30.0,
+                 locality=Locality(provider="onprem", region="r1", zone="z1", host="node-1"))
+    cloud = MemoryProvider("mem", [offer("mem", "a", 1.0)])
+    onprem = MemoryProvider("onprem", [busy])
+    res = await submit_and_place(store, await router_over(store, cloud, onprem), markets=["on_demand", "owned"],
+                                 workload={"hours": 10}, deadline_in="20h")
+
+    assert res.placed and res.job.placement is not None and res.job.placement.provider == "mem", res.reason
+    [event] = [e for e in res.job.events if e.to_state is JobState.provisioning]
+    decision = event.data["decision"]
+    assert decision["reason"] == "burst: on-prem queue would miss the deadline", decision
+    n = decision["numbers"]
+    assert n["onprem_queue_wait_hours"] == 30 and n["hours_to_deadline"] > 0 and n["deadline"]
+    assert n["cloud_cost_usd"] > 0 and n["onprem_cost_usd"] > 0

@@ -5,9 +5,13 @@ Real PostgreSQL (the ``store`` fixture) under the router; the markets are in mem
 
 from __future__ import annotations
 
-from broker.models import JobState, Locality, Market
+from datetime import timedelta
+
+from broker.lifecycle import JobLifecycle
+from broker.models import AllocationState, JobState, Locality, Market
 from broker.store import Store
-from tests.broker.memory import MemoryProvider, offer, router_over, submit_and_place
+from providers.runtime.logs import exit_from_status
+from tests.broker.memory import NOW, MemoryProvider, offer, placed_job, router_over, submit_and_place
 
 
 async def test_a_pending_job_names_the_unhealthy_nodes(store: Store) -> None:
@@ -43,3 +47,22 @@ async def test_a_deadline_burst_event_carries_the_wait_the_deadline_and_both_cos
     n = decision["numbers"]
     assert n["onprem_queue_wait_hours"] == 30 and n["hours_to_deadline"] > 0 and n["deadline"]
     assert n["cloud_cost_usd"] > 0 and n["onprem_cost_usd"] > 0
+
+
+async def test_a_job_that_starts_and_ends_between_two_polls_still_shows_running(store: Store) -> None:
+    mem, job, alloc = await placed_job(store)
+    assert job.state is JobState.provisioning
+    started = NOW + timedelta(seconds=7)
+    # What the wrapper writes at the end (status.json), read as the market's poll reads it.
+    ended = exit_from_status({"exit_code": 0, "reason": "exited", "rank": 0, "last_lines": ["done"],
+                              "started_at": "2026-12-01T12:00:07.000Z", "ended_at": "2026-12-01T12:00:09.000Z"})
+    assert ended is not None and ended.started_at == started
+    got = await JobLifecycle(store, {"mem": mem}, clock=lambda: NOW + timedelta(minutes=1)).follow(
+        alloc, AllocationState.succeeded, "", ["host-a"], exit=ended)
+
+    assert got is JobState.succeeded
+    events = store.get_job(job.id).events
+    states = [e.to_state for e in events]
+    assert states[-2:] == [JobState.running, JobState.succeeded], states
+    running = events[-2]
+    assert running.reason == "running on host-a" and running.data["started_at"] == started.isoformat()

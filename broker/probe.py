@@ -507,7 +507,8 @@ def benchmark_from_probe(doc: dict[str, Any], provider: str, target: str, *, gpu
         disk_read_mbps=disk.get("read_mbps"),
         ecc_double_bit=sum(g.get("ecc_double_bit") or 0 for g in smi_gpus or measured),
         raw={"source": "probe", **doc},
-        **({"healthy": False, "reason": failed} if failed else {}),
+        healthy=not failed,
+        reason=failed,
     )
 
 

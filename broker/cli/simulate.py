@@ -132,8 +132,7 @@ def advise_command(
         "--peak-gpus", help="The stated load's peak, in GPUs (with --gpu-hours-per-week).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Rent, hybrid or own: yearly costs of each from the GPU-hours you used (or say you need), today's prices
-    and owned costs."""
+    """Rent, hybrid or own: yearly costs of each from the GPU-hours you used, today's prices and owned costs."""
     stated = gpu_hours_per_week is not None or peak_gpus is not None
     if stated and (gpu_hours_per_week is None or peak_gpus is None):
         missing = "--peak-gpus" if peak_gpus is None else "--gpu-hours-per-week"

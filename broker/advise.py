@@ -1,10 +1,10 @@
 """Rent, hybrid or own? Costs per year of each, from the GPU-hours a team really used.
 
 Usage comes from the store's job history (each job's allocations: when they ran, on how many
-GPUs) or from a pod trace; prices from the bundled catalog through the broker's own ranking,
-for one node of ``gpus_per_node`` GPUs of the model; owned-hardware costs from the
-configuration (:class:`providers.slurm.config.OwnedCost`: capex per node, lifetime, power, PUE,
-electricity, operations).
+GPUs), from a pod trace, or from a stated load (GPU-hours a week and the peak: ``usage_from_weekly``);
+prices from the bundled catalog through the broker's own ranking, for one node of ``gpus_per_node``
+GPUs of the model; owned-hardware costs from the configuration (:class:`providers.slurm.config.OwnedCost`:
+capex per node, lifetime, power, PUE, electricity, operations).
 
 Three plans, each priced per year at the observed load (scaled from the observed span):
 
@@ -116,6 +116,45 @@ def usage_from_pods(pods: Sequence[Pod], source: str = "pod trace") -> Usage:
     """A pod trace: each pod runs from its arrival for its run time; QoS ``BE`` tolerates preemption."""
     return usage_from_intervals((Interval(p.arrival_s / 3600.0, (p.arrival_s + p.duration_s) / 3600.0, p.gpus,
                                           p.qos == "BE") for p in pods), source)
+
+
+WEEK_HOURS = 168.0
+
+
+def usage_from_weekly(gpu_hours_per_week: float, peak_gpus: int) -> Usage:
+    """A stated load (about N GPU-hours a week, peaking at P GPUs) as one week's profile, for the question
+    asked before there is a history or a trace.
+
+    Only the total and the peak are known, so the load-duration curve is the simplest one with both: it falls
+    in a straight line from the peak, to zero when the mean is at most half the peak (the load is off the rest
+    of the week), else to the floor that keeps the mean (2 × mean − peak, always on). The first hour is at the
+    peak; the rest is scaled so the week holds exactly N GPU-hours. Nothing is assumed to tolerate preemption.
+    """
+    weekly, peak = float(gpu_hours_per_week), int(peak_gpus)
+    if not (math.isfinite(weekly) and weekly > 0):
+        raise SpecError("--gpu-hours-per-week", f"must be a positive number, not {gpu_hours_per_week:g}")
+    if peak < 1:
+        raise SpecError("--peak-gpus", f"must be at least 1, not {peak_gpus}")
+    if weekly > peak * WEEK_HOURS:
+        raise SpecError("--gpu-hours-per-week", f"{weekly:g} is more than --peak-gpus {peak} all week "
+                        f"({peak * WEEK_HOURS:g} GPU-hours)")
+    if weekly < peak:
+        raise SpecError("--gpu-hours-per-week", f"{weekly:g} is less than one hour at --peak-gpus {peak}")
+    mean = weekly / WEEK_HOURS
+    bins = round(WEEK_HOURS / BIN_HOURS)
+    x = (np.arange(bins) + 0.5) / bins  # the share of the week, at each bin's middle
+    if mean <= peak / 2:
+        on = 2 * mean / peak  # the share of the week the load is on
+        profile = np.where(x < on, peak * (1 - x / on), 0.0)
+    else:
+        floor = 2 * mean - peak
+        profile = peak - (peak - floor) * x
+    first = max(1, round(1.0 / BIN_HOURS))
+    profile[:first] = peak
+    rest = float(profile[first:].sum() * BIN_HOURS)
+    if rest > 0:
+        profile[first:] = np.clip(profile[first:] * (weekly - peak * first * BIN_HOURS) / rest, 0, peak)
+    return Usage("stated load", WEEK_HOURS, float(profile.sum() * BIN_HOURS), 0.0, profile)
 
 
 def usage_from_history(usage_rows: Sequence[dict[str, Any]], allocations: Sequence[Any],

@@ -176,7 +176,7 @@ def benchmark_from_text(text: str, provider: str, target: str, *, nccl: bool = F
     if not isinstance(doc, dict) or "probe_version" not in doc or not isinstance(doc.get("host"), dict):
         raise SpecError("probe JSON", "not a probe document (no probe_version/host): make one with `lockstep probe`")
     try:
-        return _probe.benchmark_from_probe(doc, provider, target)
+        return _probe.benchmark_from_probe(doc, provider, target, gpus_required=True)
     except (TypeError, ValueError, AttributeError) as exc:  # a hand-edited document with wrong types
         raise SpecError("probe JSON", f"malformed probe document ({type(exc).__name__}: {exc})"[:300]) from None
 

@@ -78,8 +78,9 @@ class SpecError(LockstepError):
         self.field = field
         self.reason = reason
         text = "; ".join(f"{f}: {r}" if f else r for f, r in self.errors)
-        # What follows the first field's name: the reason, then the other fields' errors.
-        self.detail = text[len(field) + 2:] if field else text
+        # One error: the reason alone (the body's "field" names it). Several: every one names its field,
+        # the first too, or a reader cannot tell which field the first reason is about.
+        self.detail = reason if len(self.errors) == 1 else text
         super().__init__(text)
 
     @property
@@ -92,6 +93,8 @@ class SpecError(LockstepError):
 
     @classmethod
     def from_api(cls, message: str, field: str | None) -> SpecError:
+        if field and message.startswith(f"{field}: "):  # several errors, each already naming its field
+            return cls(field, message[len(field) + 2:])
         return cls(field or "", message)
 
 

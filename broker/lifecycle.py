@@ -40,6 +40,7 @@ from broker.models import (
     JobExit,
     JobState,
     QuoteOption,
+    as_utc,
     utcnow,
 )
 from broker.secrets import SecretSources, mask
@@ -401,6 +402,10 @@ class JobLifecycle:
             f"failed: {exit.describe()}" if exit is not None else reason or "failed at provider")
         if STOP_REASON in alloc.attrs:  # it ended after it was told to stop for its cost
             why = f"{alloc.attrs[STOP_REASON]}: stopped; {why}"
+        if job.state is JobState.provisioning:
+            # It started and ended between two polls: record that it ran, from when it really started (the
+            # wrapper's report, else the market's), so the job's events say it ran before they say how it ended.
+            await self._ran_unseen(job, alloc, hosts, exit)
         data: dict[str, Any] = {"allocation": alloc.id}
         if exit is not None:
             data.update(exit_code=exit.exit_code, exit_reason=exit.reason.value, node=exit.rank,
@@ -409,6 +414,15 @@ class JobLifecycle:
                                   {JobState.provisioning, JobState.running})).state
         await self.release(alloc, f"the job's command ended ({ended})", state=state)
         return moved
+
+    async def _ran_unseen(self, job: Job, alloc: Allocation, hosts: list[str], exit: JobExit | None) -> None:
+        started = exit.started_at if exit is not None and exit.started_at is not None else (
+            as_utc(alloc.attrs["running_since"]) if alloc.attrs.get("running_since") else None)
+        where = ", ".join(hosts) if hosts else alloc.zone or alloc.region
+        data: dict[str, Any] = {"allocation": alloc.id, "seen": "ended"}
+        if started is not None:
+            data["started_at"] = started.isoformat()
+        await self._move(job.id, JobState.running, f"running on {where}", data, {JobState.provisioning})
 
     async def _on_preempted(self, job: Job, alloc: Allocation, state: AllocationState, reason: str,
                             hosts: list[str], exit: JobExit | None) -> JobState | None:

@@ -1009,6 +1009,7 @@ class JobExit(BaseModel):
     reason: ExitReason = ExitReason.exited
     rank: int = 0  # the node whose status decided it
     last_lines: list[str] = Field(default_factory=list)
+    started_at: datetime | None = None  # when the wrapper started the command (its status.json), where it says
 
     @property
     def succeeded(self) -> bool:

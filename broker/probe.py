@@ -460,10 +460,13 @@ def run_probe(quick: bool = False, *, disk_dir: str | None = None) -> dict[str, 
     return doc
 
 
-def benchmark_from_probe(doc: dict[str, Any], provider: str, target: str) -> Any:
+def benchmark_from_probe(doc: dict[str, Any], provider: str, target: str, *, gpus_required: bool = False) -> Any:
     """A broker.models.Benchmark from a probe document (imports the package: not for the bare script).
 
     Per-GPU figures are the node's weakest GPU: a synchronous job runs at the pace of its slowest rank.
+    With ``gpus_required`` (a document someone records as a GPU node's benchmark), a probe that saw no
+    GPU at all is a failed benchmark, not a healthy one: the node cannot run a GPU job. The burn-in
+    path leaves it off because the local test cluster's GPUs are Slurm gres without devices.
     """
     from broker.gpus import normalise_gpu
     from broker.models import Benchmark
@@ -485,11 +488,16 @@ def benchmark_from_probe(doc: dict[str, Any], provider: str, target: str) -> Any
 
     nccl = doc.get("nccl") or {}
     disk = doc.get("disk") or {}
+    count = len(measured or smi_gpus)
+    failed = ""
+    if gpus_required and count == 0:
+        note = str(doc.get("gpu_note") or "").strip()
+        failed = "the probe found no GPU" + (f" ({note})" if note else "")
     return Benchmark(
         provider=provider,
         target=target or doc.get("host", {}).get("hostname", ""),
         gpu=gpu,
-        gpu_count=len(measured or smi_gpus),
+        gpu_count=count,
         tflops_bf16=weakest("tflops_bf16"),
         mem_bw_gbps=weakest("mem_bw_gbps"),
         h2d_gbps=weakest("h2d_gbps"),
@@ -499,6 +507,8 @@ def benchmark_from_probe(doc: dict[str, Any], provider: str, target: str) -> Any
         disk_read_mbps=disk.get("read_mbps"),
         ecc_double_bit=sum(g.get("ecc_double_bit") or 0 for g in smi_gpus or measured),
         raw={"source": "probe", **doc},
+        healthy=not failed,
+        reason=failed,
     )
 
 

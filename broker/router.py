@@ -93,6 +93,22 @@ def unit_ids(offer: Offer) -> list[str]:
     return [offer.id] if single_unit(offer) else []
 
 
+NAMED_NODES = 3  # unhealthy offers named in a pending job's reason; the rest are counted
+
+
+def _named(q: Quote, code: str, count: int) -> str:
+    """For the unhealthy count: which offers (a node's offer id names the node), the first few and how many
+    more, so an operator knows which node to look at; '' for the other codes (their offers are fungible)."""
+    if code != "unhealthy":
+        return ""
+    ids = list(dict.fromkeys(r.offer_id for r in q.rejected if r.code == "unhealthy"))
+    if not ids:
+        return ""
+    shown = ids[:NAMED_NODES]
+    more = count - len(shown)
+    return " (" + ", ".join(shown) + (f" and {more} more" if more > 0 else "") + ")"
+
+
 @dataclass(frozen=True)
 class PlacementResult:
     """The outcome of one placement pass for one job (for callers and tests): the job as it stands after
@@ -204,7 +220,8 @@ class Router:
     def unplaceable_reason(self, q: Quote, options: list[QuoteOption]) -> str:
         """Why a job cannot be launched anywhere right now ('' when it can)."""
         if not q.options:
-            counts = ", ".join(f"{k}: {v}" for k, v in sorted(q.rejected_counts.items(), key=lambda kv: -kv[1]))
+            counts = ", ".join(f"{k}: {v}{_named(q, k, v)}"
+                               for k, v in sorted(q.rejected_counts.items(), key=lambda kv: -kv[1]))
             return f"no feasible offer ({counts or 'no offers'})"
         if not options:
             shut = sorted({o.provider for o in q.options if o.provider in self.market.circuits

@@ -126,17 +126,27 @@ def advise_command(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU model to price.")] = "H100",
     gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node bought or rented.")] = 8,
     since_days: Annotated[float, typer.Option("--since-days", help="History window (with --from-history).")] = 365.0,
+    gpu_hours_per_week: Annotated[float | None, typer.Option(
+        "--gpu-hours-per-week", help="A stated load instead: about N GPU-hours a week (with --peak-gpus).")] = None,
+    peak_gpus: Annotated[int | None, typer.Option(
+        "--peak-gpus", help="The stated load's peak, in GPUs (with --gpu-hours-per-week).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Rent, hybrid or own: yearly costs of each from the GPU-hours you used, today's prices and owned costs."""
-    if from_history == (pods is not None):
-        raise SpecError("--from-history", "give exactly one of --from-history and --pods")
+    stated = gpu_hours_per_week is not None or peak_gpus is not None
+    if stated and (gpu_hours_per_week is None or peak_gpus is None):
+        missing = "--peak-gpus" if peak_gpus is None else "--gpu-hours-per-week"
+        raise SpecError(missing, "a stated load needs both --gpu-hours-per-week and --peak-gpus")
+    if sum((from_history, pods is not None, stated)) != 1:
+        raise SpecError("--from-history", "give exactly one of --from-history, --pods and "
+                        "--gpu-hours-per-week with --peak-gpus")
     if gpus_per_node < 1:
         raise SpecError("--gpus-per-node", f"must be at least 1, not {gpus_per_node}")
     if from_history:
         local_only(get_ctx(ctx), "advise --from-history")
+    weekly = (gpu_hours_per_week, peak_gpus) if gpu_hours_per_week is not None and peak_gpus is not None else None
     result = _with_service(get_ctx(ctx).settings, lambda svc: svc.advise(
-        pods=pods, since_days=since_days, gpu=gpu, gpus_per_node=gpus_per_node))
+        pods=pods, since_days=since_days, gpu=gpu, gpus_per_node=gpus_per_node, weekly=weekly))
     emit(result.as_dict(), json_out, lambda _: _advice_table(result))
 
 

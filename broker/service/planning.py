@@ -56,15 +56,21 @@ class PlanningService(Runtime):
         cfg.validate()
         return run_cluster(load_pods(pods), cfg, load_spot_trace(spot_trace, "--spot-trace"), policy).as_dict()
 
-    async def advise(self, *, pods: Path | None, since_days: float, gpu: str, gpus_per_node: int) -> Advice:
-        """Rent, hybrid or own for the GPU-hours of a pod trace, or (``pods`` None) of the store's jobs over
-        the last ``since_days``."""
-        from broker.advise import advise, catalog_prices, usage_from_pods
+    async def advise(self, *, pods: Path | None, since_days: float, gpu: str, gpus_per_node: int,
+                     weekly: tuple[float, int] | None = None) -> Advice:
+        """Rent, hybrid or own for the GPU-hours of a pod trace, of a stated load (``weekly``: GPU-hours a
+        week and the peak GPUs), or (both None) of the store's jobs over the last ``since_days``."""
+        from broker.advise import advise, catalog_prices, usage_from_pods, usage_from_weekly
         from broker.simulate.traces import load_pods
 
         if gpus_per_node < 1:
             raise SpecError("--gpus-per-node", f"must be at least 1, not {gpus_per_node}")
-        usage = usage_from_pods(load_pods(pods)) if pods is not None else await self._usage(since_days)
+        if weekly is not None:
+            usage = usage_from_weekly(*weekly)
+        elif pods is not None:
+            usage = usage_from_pods(load_pods(pods))
+        else:
+            usage = await self._usage(since_days)
         return advise(usage, catalog_prices(_gpu(gpu), gpus_per_node), self._owned(), gpus_per_node)
 
     def _owned(self) -> OwnedCost:

@@ -43,8 +43,10 @@ def exit_from_status(doc: Mapping[str, Any]) -> JobExit | None:
     """A node's ``status.json`` as a :class:`JobExit` (None when it is not one)."""
     try:
         reason = ExitReason(str(doc.get("reason", "exited")))
+        started = doc.get("started_at")
         return JobExit(exit_code=int(doc["exit_code"]), reason=reason, rank=int(doc.get("rank", 0)),
-                       last_lines=[str(x) for x in doc.get("last_lines") or []][-10:])
+                       last_lines=[str(x) for x in doc.get("last_lines") or []][-10:],
+                       started_at=as_utc(str(started)) if started else None)
     except (KeyError, TypeError, ValueError):
         return None
 

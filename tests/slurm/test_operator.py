@@ -183,6 +183,7 @@ async def test_work_folders_are_named_by_lockstep_removed_at_success_and_release
     aged(legacy, 48)
     aged(expired / FAILED_MARK, 48)  # older than keep_failed_workdirs_h (24 h by default)
     aged(fresh / FAILED_MARK, 1)
+    made = [legacy, expired, fresh]
     try:
         # A failed attempt: its folder stays, marked; its start swept the expired and legacy ones.
         job = await ops.submit(command='echo "tmp=$TMPDIR"; exit 3')
@@ -191,6 +192,7 @@ async def test_work_folders_are_named_by_lockstep_removed_at_success_and_release
         [rec] = await ops.svc.job_allocations(job.id)
         failed_dir = workdir_of(out_lines(await ops.slurm.job_log(rec)))
         assert failed_dir == base / f"lockstep-{job.id}-a1-n0", failed_dir
+        made.append(failed_dir)
         await eventually(lambda: _value((failed_dir / FAILED_MARK).exists()), bool, "the failed folder marked")
         assert not legacy.exists() and not expired.exists() and fresh.exists()
 
@@ -217,7 +219,7 @@ async def test_work_folders_are_named_by_lockstep_removed_at_success_and_release
         await eventually(lambda: _value(run_dir.exists()), lambda e: not e, "the released folder removed")
         assert failed_dir.exists()  # a failure is kept for its hours
     finally:
-        for d in (legacy, expired, fresh):
+        for d in made:  # the kept failed folder too: this test's, not an operator's
             shutil.rmtree(d, ignore_errors=True)
 
 

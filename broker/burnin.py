@@ -88,7 +88,7 @@ class BurnIn:
     store: Store
     providers: Mapping[str, Provider]
     drain_node: Callable[[str, str, str], Awaitable[dict[str, Any]]]
-    resume_node: Callable[[str, str], Awaitable[None]]
+    resume_node: Callable[[str, str], Awaitable[object]]
 
     async def db(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking store call, off the event loop."""

@@ -20,6 +20,7 @@ from broker.api.schemas import (
     Health,
     JobDetail,
     JobPage,
+    ResumeResult,
     TokenCreated,
 )
 from broker.models import (
@@ -95,6 +96,7 @@ def by_model() -> dict[type[BaseModel], Any]:
         DrainRequest: DrainRequest(reason="double-bit ECC errors"),
         DrainResult: DrainResult(provider="slurm", node="gpu-node-07", healthy=False,
                                  reason="double-bit ECC errors", drained=True),
+        ResumeResult: ResumeResult(provider="slurm", node="gpu-node-07", healthy=True, resumed=True),
         Health: Health(status="ok"),
         WebhookCreate: WebhookCreate(url="https://hooks.example.com/lockstep", kinds=["job.*", "budget.*"],
                                      secret="whsec-example-0123456789"),

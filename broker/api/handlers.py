@@ -39,6 +39,7 @@ from broker.api.schemas import (
     JobDetail,
     JobPage,
     ProvidersReport,
+    ResumeResult,
     TokenCreated,
 )
 from broker.errors import ConflictError, NotFoundError, SpecError
@@ -228,6 +229,13 @@ async def drain_node(request: web.Request) -> web.Response:
     body = await parse_body(request, DrainRequest)
     result = await svc.drain_node(request.match_info["provider"], request.match_info["node"], body.reason)
     return render(DrainResult.model_validate(result))
+
+
+@admin_only
+async def resume_node(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    result = await svc.resume_node(request.match_info["provider"], request.match_info["node"])
+    return render(ResumeResult.model_validate(result))
 
 
 # --------------------------------------------------------------------------- tokens, tenants
@@ -420,6 +428,8 @@ ROUTES: tuple[Route, ...] = (
           {200: ProvidersReport}),
     Route("POST", "/v1/nodes/{provider}/{node}/drain", drain_node, "Take a node out of service (admin)",
           "providers", {200: DrainResult}, body=DrainRequest, errors=(502,)),
+    Route("POST", "/v1/nodes/{provider}/{node}/resume", resume_node,
+          "Put a node back in service (admin); idempotent", "providers", {200: ResumeResult}, errors=(502,)),
     Route("POST", "/v1/tokens", create_token, "Create a bearer token for a tenant (admin)", "admin",
           {201: TokenCreated}, body=TokenCreate),
     Route("GET", "/v1/tokens", list_tokens, "List tokens, never their secrets (admin)", "admin",

@@ -50,6 +50,14 @@ class DrainResult(BaseModel):
     drained: bool
 
 
+class ResumeResult(BaseModel):
+    provider: str
+    node: str
+    healthy: bool
+    resumed: bool = Field(description="resumed at its provider (false: the provider does not drain nodes or "
+                                      "is no longer configured; only Lockstep's flag was cleared)")
+
+
 class TokenCreated(TokenInfo):
     token: str = Field(description="the bearer token; shown once, only its hash is stored")
 

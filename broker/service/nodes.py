@@ -31,14 +31,21 @@ class NodesService(Runtime):
             drained = True
         return {"provider": provider, "node": node, "healthy": False, "reason": reason, "drained": drained}
 
-    async def resume_node(self, provider: str, node: str) -> None:
+    async def resume_node(self, provider: str, node: str) -> dict[str, Any]:
         """The inverse of a drain: healthy in the store (and in this process's quotes at once), resumed at
-        its provider when it can. Never called automatically: a drained node stays out until someone decides."""
+        its provider when it can. Never called automatically: a drained node stays out until someone decides.
+
+        Idempotent: a node its provider already put back (an operator's ``scontrol ... state=resume``) is
+        answered like one resumed now, and Lockstep's flag is cleared all the same. A provider no longer
+        configured only has its flag cleared (``resumed`` false): the flag may outlive the market."""
         await self.db(self.store.set_node_health, provider, node, True, "")
         self._unhealthy_cache = None
         prov = self.market.providers.get(provider)
+        resumed = False
         if isinstance(prov, DrainsNodes):
             await prov.resume(node)
+            resumed = True
+        return {"provider": provider, "node": node, "healthy": True, "resumed": resumed}
 
     async def burn_in_results(self, job: Job, alloc: Allocation) -> list[Benchmark]:
         from broker.burnin import collect_burnin, job_stem

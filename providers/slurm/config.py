@@ -52,3 +52,6 @@ class SlurmConfig(MarketSection):
     # (commands run on the hosts; a job with an image is rejected at quote time).
     container_runtime: Literal["none", "pyxis", "apptainer"] = "none"
     python: str = "python3"  # the interpreter that runs the wrapper on the nodes (or in a pyxis container)
+    # A failed attempt's node-local work folder is kept this many hours for a post-mortem, then removed by the
+    # next Lockstep job on that node (0: removed at once); a released or succeeded attempt's, at once.
+    keep_failed_workdirs_h: float = Field(default=24.0, ge=0, le=24 * 365)

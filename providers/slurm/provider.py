@@ -67,6 +67,9 @@ _FAILED_STATES = frozenset(
 )
 
 
+# Node states and flags a RESUME clears; a node in none of them is in service already.
+_RESUMABLE_STATES = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING"})
+
 # Slurm states in which a job that ran was put back in the queue or lost a node: Lockstep requeues the job
 # itself (a new attempt, counted as a preemption), and gives this one back.
 _REQUEUED_FLAGS = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
@@ -132,7 +135,8 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, KeepsBill
             default_time_limit_min=self.config.default_time_limit_min,
             partition=self.config.partition,
             script=batch_script(where, installation=self.installation, image=run.image,
-                                container_runtime=self.config.container_runtime, python=self.config.python),
+                                container_runtime=self.config.container_runtime, python=self.config.python,
+                                keep_failed_h=self.config.keep_failed_workdirs_h),
             time_limit_min=limit,
             stdout=str(where.batch_output),
         )
@@ -329,7 +333,18 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, KeepsBill
         await self.client.set_node_state(node, "DRAIN", reason or "lockstep: unhealthy")
 
     async def resume(self, node: str) -> None:
-        await self.client.set_node_state(node, "RESUME", "")
+        """Put a drained or down node back in service; idempotent.
+
+        Slurm refuses a RESUME of a node that is already in service ("Invalid node state specified"): when an
+        operator resumed it at Slurm first, that refusal is the state asked for, not an error. Any other
+        refusal (the node still drained or down, an unknown node) is raised.
+        """
+        try:
+            await self.client.set_node_state(node, "RESUME", "")
+        except BadRequestError:
+            info = next((n for n in await self.client.nodes() if n.name == node), None)
+            if info is None or info.state & _RESUMABLE_STATES:
+                raise
 
     async def run_on_node(
         self,

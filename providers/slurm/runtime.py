@@ -127,8 +127,44 @@ def pyxis_image(image: str) -> str:
     return image
 
 
-def srun_argv(where: AttemptDir, *, image: str | None, container_runtime: str, python: str) -> list[str]:
-    """The step that runs the wrapper on every node: one task per node, each in a node-local TMPDIR."""
+# The mark a failed attempt leaves in its node-local work folder: the folder is removed once the mark is older
+# than slurm.keep_failed_workdirs_h (by the next Lockstep job on that node: nothing else runs there).
+FAILED_MARK = ".lockstep-failed"
+# Node-local work folders Lockstep names: lockstep-<job>-a<attempt>-n<node>, and before issue 29
+# lockstep-<Slurm job id>-n<node> (Slurm's ids restart with each cluster, so those were never removed).
+WORKDIR_GLOB = "lockstep-*-n[0-9]*"
+LEGACY_WORKDIR_RE = ".*/lockstep-[0-9][0-9]*-n[0-9][0-9]*"  # find -regex: digits only, never a Lockstep id
+
+
+def workdir_name(where: AttemptDir) -> str:
+    """The node-local work folder of this attempt, without the node: Lockstep's job id and attempt, never
+    Slurm's job id (which restarts with each cluster and so named an old cluster's folder again)."""
+    return f"lockstep-{where.job_path.name}-{where.path.name}"
+
+
+def _workdir_shell(where: AttemptDir, keep_failed_h: float) -> tuple[str, str]:
+    """Shell run before and after the wrapper on every node: sweep expired failed folders, make this one;
+    then remove it unless the attempt failed (a released attempt is TERMed by Slurm: removed too)."""
+    minutes = math.ceil(keep_failed_h * 60)
+    base = '"${TMPDIR:-/tmp}"'
+    before = (f'b={base}; '
+              # Failed folders whose mark is older than the setting; legacy ones by their own age.
+              f'find "$b" -mindepth 2 -maxdepth 2 -path "$b/{WORKDIR_GLOB}/{FAILED_MARK}" -mmin +{minutes} '
+              '2>/dev/null | while read -r m; do rm -rf "${m%/*}"; done; '
+              f'find "$b" -mindepth 1 -maxdepth 1 -type d -regex "{LEGACY_WORKDIR_RE}" -mmin +{minutes} '
+              '-exec rm -rf {} + 2>/dev/null; '
+              f'export TMPDIR="$b/{workdir_name(where)}-n${{SLURM_NODEID}}"; mkdir -p "$TMPDIR"; '
+              "trap 'rm -rf \"$TMPDIR\"; exit 143' TERM; ")
+    on_failure = f'touch "$TMPDIR/{FAILED_MARK}"' if minutes > 0 else 'rm -rf "$TMPDIR"'
+    after = f'rc=$?; if [ "$rc" = 0 ]; then rm -rf "$TMPDIR"; else {on_failure}; fi; exit "$rc"'
+    return before, after
+
+
+def srun_argv(where: AttemptDir, *, image: str | None, container_runtime: str, python: str,
+              keep_failed_h: float = 24.0) -> list[str]:
+    """The step that runs the wrapper on every node: one task per node, each in a node-local TMPDIR named by
+    Lockstep's job and attempt, removed when the attempt succeeds or is released, kept ``keep_failed_h``
+    hours when it fails."""
     argv = ["srun", "--export=ALL", "--nodes=${SLURM_JOB_NUM_NODES}", "--ntasks=${SLURM_JOB_NUM_NODES}",
             "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
     if image and container_runtime == "pyxis":
@@ -138,11 +174,13 @@ def srun_argv(where: AttemptDir, *, image: str | None, container_runtime: str, p
     # /tmp (one host): the wrapper's default workdir lies under TMPDIR.
     # A python3 older than 3.6 (the wrapper's oldest) is refused with one clear line; Slurm ends the job.
     py = shlex.quote(python)
-    inner = ('export TMPDIR="${TMPDIR:-/tmp}/lockstep-${SLURM_JOB_ID}-n${SLURM_NODEID}"; mkdir -p "$TMPDIR"; '
-             f"{py} -c 'import sys; sys.exit(sys.version_info < (3, 6))' || "
+    before, after = _workdir_shell(where, keep_failed_h)
+    # Not exec'd: the shell stays to remove the work folder after the wrapper (and on Slurm's TERM at release).
+    inner = (before
+             + f"{py} -c 'import sys; sys.exit(sys.version_info < (3, 6))' || "
              f'{{ echo "lockstep-run: {python} is missing or older than 3.6, which the wrapper needs" >&2; '
-             f"exit {WRAPPER_FAILED}; }}; "
-             f'exec {py} {shlex.quote(str(where.wrapper))} {shlex.quote(str(where.manifest))}')
+             f"(exit {WRAPPER_FAILED}); {after}; }}; "
+             f'{py} {shlex.quote(str(where.wrapper))} {shlex.quote(str(where.manifest))}; {after}')
     return [*argv, "sh", "-c", inner]
 
 
@@ -163,10 +201,11 @@ export LOCKSTEP_NODE_ADDRS="$addrs"
 
 
 def batch_script(where: AttemptDir, *, installation: str, image: str | None, container_runtime: str,
-                 python: str) -> str:
+                 python: str, keep_failed_h: float = 24.0) -> str:
     """The batch job of one attempt: the rendezvous addresses, the wrapper under srun on every node, the
     manifest (it holds the secret values) removed once the step ends, the wrapper's exit code as the job's."""
-    srun = _shell_line(srun_argv(where, image=image, container_runtime=container_runtime, python=python))
+    srun = _shell_line(srun_argv(where, image=image, container_runtime=container_runtime, python=python,
+                                 keep_failed_h=keep_failed_h))
     return (
         "#!/bin/bash\n"
         f"# submitted by Lockstep ({installation}): the in-job wrapper on every node (docs/runtime.md)\n"

@@ -54,6 +54,7 @@ ZERO_MEANS_SOMETHING = {
     "vast.min_inet_down_mbps", "vast.min_reliability", "slurm.owned.capex_usd", "slurm.owned.ops_usd_per_year",
     "slurm.owned.power_kw", "slurm.owned.usd_per_kwh", "tracker.compact_after_days", "health.max_ecc_double_bit",
     "vast.list_reuse_s", "broker.budget_grace_s", "local.idle_exit_s",
+    "slurm.keep_failed_workdirs_h",  # 0: a failed attempt's work folder is not kept
 }
 
 

@@ -55,8 +55,9 @@ def test_the_batch_script_runs_one_wrapper_per_node_and_removes_the_manifest_aft
     assert argv[:6] == ["srun", "--export=ALL", "--nodes=${SLURM_JOB_NUM_NODES}", "--ntasks=${SLURM_JOB_NUM_NODES}",
                         "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
     assert argv[6:8] == ["sh", "-c"] and not any(a.startswith("--container") for a in argv)
-    assert argv[8].endswith("exec python3 /shared/jobs/lab/job-1/a2/wrapper.py /shared/jobs/lab/job-1/a2/manifest.json")
-    assert 'TMPDIR="${TMPDIR:-/tmp}/lockstep-${SLURM_JOB_ID}-n${SLURM_NODEID}"' in argv[8]
+    assert "python3 /shared/jobs/lab/job-1/a2/wrapper.py /shared/jobs/lab/job-1/a2/manifest.json; rc=$?" in argv[8]
+    # The node-local work folder is named by Lockstep's job and attempt, never by Slurm's job id (issue 29).
+    assert 'TMPDIR="$b/lockstep-job-1-a2-n${SLURM_NODEID}"' in argv[8] and "SLURM_JOB_ID" not in argv[8]
     # Addresses before the step, the manifest removed after it, the step's code as the job's.
     lines = text.splitlines()
     srun_at = next(i for i, ln in enumerate(lines) if ln.startswith("srun "))

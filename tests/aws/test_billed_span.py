@@ -11,13 +11,14 @@ from datetime import UTC, datetime, timedelta
 import boto3
 from aiobotocore.session import AioSession
 
-from broker.config import AwsConfig, BrokerConfig, Settings
+from broker.config import BrokerConfig, Settings
 from broker.loops import BrokerLoops
 from broker.market import Marketplace
 from broker.models import AllocationState, Job, JobState
 from broker.specs import parse_spec
 from broker.store import Store
 from providers.aws import AwsProvider
+from providers.aws.config import AwsConfig
 from providers.aws.provider import launched_at, stopped_at
 
 INSTALLATION = "billedspan"

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import BrokerConfig, Settings, VastConfig
+from broker.config import BrokerConfig, Settings
 from broker.models import AllocationState, JobState, as_utc
 from broker.service import Lockstep
 from broker.specs import parse_spec
 from broker.store import Store
 from providers.vast import VastProvider
+from providers.vast.config import VastConfig
 from tests.vastapi.server import VastApiServer
 from tests.waiting import eventually
 

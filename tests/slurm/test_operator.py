@@ -24,8 +24,8 @@ import httpx
 import pytest
 
 from broker.api import create_app, start_server
-from providers.slurm.config import SlurmConfig
 from broker.models import JobState, Role
+from providers.slurm.config import SlurmConfig
 from providers.slurm.runtime import FAILED_MARK
 from tests.plugins.slurm import SlurmCluster
 from tests.slurm.test_runtime import SlurmBroker, node_state, out_lines, restart_slurmd, slurmd_pid

@@ -255,6 +255,17 @@ class PrunedView:
         return np.sort(self.members[pos])
 
 
+@dataclass(frozen=True)
+class GroupScreen:
+    """The group checks' verdict for one job key (see :func:`policies.constraints.screen`): per group 0 or
+    the check it breaks; the candidate rows as runs; the rows themselves when few (kept only then: at a
+    million offers they would weigh megabytes per key). Arrays read-only: shared by every quote of the key."""
+
+    codes: np.ndarray
+    runs: list[tuple[int, int]]
+    rows: np.ndarray | None
+
+
 class OfferRow:
     """A read-only view of one book row with the attributes the reasons and options read (an Offer's
     names): no object per row exists until a caller asks for a row."""
@@ -363,6 +374,9 @@ class OfferBook:
     assemblers: frozenset[str] = frozenset()
     _folded_gpus: dict[str, int] | None = None
     _pruned: PrunedView | None = None
+    # What the group checks gave per job key (policies/constraints.py, screen): they read only the index's
+    # keys and the interned codes, which a new book version from :meth:`with_health` keeps.
+    _group_memo: dict[tuple[object, ...], GroupScreen] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -22,7 +22,7 @@ import numpy as np
 from broker.gpus import GPU_SPECS, Runtime, Vendor
 from broker.models import COLOCATE_RANK, FabricNeed, JobSpec, Market
 from broker.perf import min_gpu_memory_gb
-from policies.book import FABRICS, MARKETS, OWNED, VENDORS, OfferBook, OfferRow
+from policies.book import FABRICS, MARKETS, OWNED, VENDORS, GroupScreen, OfferBook, OfferRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,33 +208,69 @@ def _group_checks(book: OfferBook, spec: JobSpec) -> np.ndarray:
     return codes
 
 
+def _group_key(spec: JobSpec) -> tuple[object, ...]:
+    """What the group checks read of a job: equal keys, equal verdicts on one book."""
+    return (tuple(spec.providers or ()), spec.onprem_only, spec.cloud_ok, tuple(spec.markets),
+            tuple(spec.regions or ()), tuple(spec.gpu), spec.runtime)
+
+
+GROUP_MEMO_SIZE = 256  # job keys remembered per book (a key's verdict is a few hundred bytes to a few KB)
+MEMO_MAX_ROWS = 65_536  # candidate rows kept with a key's verdict: at most 512 KB each
+
+
+def _group_screen(book: OfferBook, spec: JobSpec) -> GroupScreen:
+    """The group checks' verdict for ``spec``, worked out once per job key and book: on a small book their
+    fixed cost (a dozen numpy calls over a few hundred groups) is a third of a quote's screen, and most new
+    specs differ from an earlier one only in fields the group checks do not read (name, workload, size)."""
+    key = _group_key(spec)
+    memo = book._group_memo
+    hit = memo.get(key)
+    if hit is None:
+        codes = _group_checks(book, spec)
+        which = codes == 0
+        runs = book.groups.runs(which)
+        rows = None
+        if int(book.groups.size[which].sum()) <= MEMO_MAX_ROWS:
+            rows = _rows_of(book, runs, which)
+            rows.setflags(write=False)
+        codes.setflags(write=False)
+        hit = GroupScreen(codes, runs, rows)
+        if len(memo) >= GROUP_MEMO_SIZE:
+            memo.clear()
+        memo[key] = hit
+    return hit
+
+
+def _rows_of(book: OfferBook, runs: list[tuple[int, int]], which: np.ndarray) -> np.ndarray:
+    if len(runs) <= MAX_RUNS:
+        return np.concatenate([np.arange(a, b) for a, b in runs]) if runs else np.zeros(0, dtype=np.int64)
+    return book.groups.rows(which)
+
+
 def group_checks(book: OfferBook, spec: JobSpec) -> np.ndarray:
     """Per index group: 0 when its rows go on to the row checks, else the check the whole group breaks
-    (what :func:`screen` starts from; a caller that looks first hands them back to it)."""
-    return _group_checks(book, spec)
+    (what :func:`screen` starts from; read-only, shared by the quotes of one job key on this book)."""
+    return _group_screen(book, spec).codes
 
 
-def screen(book: OfferBook, spec: JobSpec, *, members: bool = False,
-           group_codes: np.ndarray | None = None) -> Screen:
+def screen(book: OfferBook, spec: JobSpec, *, members: bool = False) -> Screen:
     """The constraints over ``book``: group checks on the index, row checks on the rows that remain.
 
     ``members``: screen rows as single machines of an assembly (policies/assembly.py): the node count,
-    co-location and price cap are the assembly's to meet, not each machine's. ``group_codes``: what
-    :func:`group_checks` gave for this book and spec, when the caller has it already."""
+    co-location and price cap are the assembly's to meet, not each machine's. The group checks' verdict is
+    remembered per job key on the book (:func:`group_checks` hands out the same)."""
     assert spec.gpus_per_node is not None
-    if group_codes is None:
-        group_codes = _group_checks(book, spec)
-    which = group_codes == 0
-    runs = book.groups.runs(which)
+    verdict = _group_screen(book, spec)
+    group_codes, runs = verdict.codes, verdict.runs
     if len(runs) <= MAX_RUNS:  # a few stretches of rows: slices (views, or one copy each), no gathers
-        rows = np.concatenate([np.arange(a, b) for a, b in runs]) if runs else np.zeros(0, dtype=np.int64)
+        rows = verdict.rows if verdict.rows is not None else _rows_of(book, runs, group_codes == 0)
 
         def col(name: str) -> np.ndarray:
             column = book[name]
             return column[runs[0][0]:runs[0][1]] if len(runs) == 1 else np.concatenate(
                 [column[a:b] for a, b in runs] or [column[:0]])
     else:
-        rows = book.groups.rows(which)
+        rows = verdict.rows if verdict.rows is not None else book.groups.rows(group_codes == 0)
 
         def col(name: str) -> np.ndarray:
             picked: np.ndarray = book[name][rows]

@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from broker.errors import ConflictError, ProviderError
-from broker.models import Allocation, AllocationState, billing_start, utcnow
+from broker.models import Allocation, AllocationState, JobSpec, billing_start, utcnow
 from providers.base import Provider
 from providers.capabilities import KeepsBillingRecord
 
@@ -58,15 +58,16 @@ class Ledger:
         return alloc
 
     async def launched(self, intent: Allocation, got: Allocation, *, reason: str, data: dict[str, Any],
-                       **job_fields: Any) -> LaunchRecord:
+                       spec: JobSpec | None = None, **job_fields: Any) -> LaunchRecord:
         """Record a launch that went through over its intent, and its job placing → provisioning, in one
-        transaction; what a reconcile (or a cancel) decided meanwhile is reported, never overwritten."""
+        transaction; what a reconcile (or a cancel) decided meanwhile is reported, never overwritten.
+        ``spec``: the job's, as the caller holds it (the moved job is built with it, not read back)."""
         state = got.state if got.state not in (AllocationState.intent, AllocationState.unknown) else \
             AllocationState.pending
         fields = {"state": state, "resource_ids": got.resource_ids, "zone": got.zone or intent.zone,
                   "attrs": {**intent.attrs, **got.attrs}}
         record: LaunchRecord = await asyncio.to_thread(self.store.record_launch, intent.id, fields, intent.job_id,
-                                                       reason, data, **job_fields)
+                                                       reason, data, spec=spec, **job_fields)
         return record
 
     async def fail_intent(self, alloc_id: str, reason: str, attrs: Mapping[str, str] | None = None) -> bool:

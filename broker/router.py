@@ -155,23 +155,18 @@ class Router:
         self._taken_at: datetime | None = None
         self._held: tuple[float, set[str]] | None = None  # (monotonic time read, offer ids)
         self.spot_markets = SpotMarkets(store)
-        # Quotes of this pass: (book, moment, held offers, {(spec, depth, taken): quote}).
-        self._quotes: tuple[object, datetime | None, object, dict[tuple[str, int, frozenset[str]], Quote]] = (
-            None, None, None, {})
+        # Quotes of this pass: (book, moment, held offers, {(spec, depth, taken): (quote, its options that can
+        # be launched on this book, with the machines each takes)}).
+        self._quotes: tuple[object, datetime | None, object,
+                            dict[tuple[str, int, frozenset[str]], tuple[Quote, list[tuple[QuoteOption, list[str]]]]]] \
+            = (None, None, None, {})
+        self._spec_keys: dict[int, tuple[object, str]] = {}  # id(spec) → (spec, its JSON): see _spec_key
         self._tenants: dict[str, tuple[float, Tenant | None]] = {}  # (monotonic time read, caps)
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
     # ------------------------------------------------------------------ ranking
-    def _launchable(self, o: QuoteOption, offer: Offer | None, held: Collection[str] = ()) -> bool:
-        return (
-            offer is not None
-            and self.market.launchable(offer)
-            and not any(u in self._taken or u in held for u in unit_ids(offer))
-            and self.market.circuits[o.provider].admits()  # an open circuit: not called until its probe
-        )
-
     def rank(self, job: Job, now: datetime, unhealthy: dict[tuple[str, str], str],
              held: Collection[str] = ()) -> tuple[Quote, list[QuoteOption]]:
         """The job's quote, and the options that can actually be launched now.
@@ -191,13 +186,33 @@ class Router:
         if self._quotes[0] is not book or self._quotes[1] != now or self._quotes[2] is not held:
             self._quotes = (book, now, held, {})
         taken = frozenset(self._taken)
-        key = (job.spec.model_dump_json(), top, taken)
-        q = self._quotes[3].get(key)
-        if q is None:
-            q = self._quotes[3][key] = rank_quote(book, job.spec, now=now, top=top, max_rejected=20,
-                                                  exclude=taken.union(held))  # no assembly of machines taken
-        options = [o for o in q.options if self._launchable(o, self.market.find(o.offer_id), held)]
+        key = (self._spec_key(job), top, taken)
+        hit = self._quotes[3].get(key)
+        if hit is None:
+            q = rank_quote(book, job.spec, now=now, top=top, max_rejected=20,
+                           exclude=taken.union(held))  # no assembly of machines taken
+            # What of each option holds for this book (its offer is here and launchable, the machines it
+            # takes), worked out once per quote; what changes between jobs is checked below, each time.
+            hit = self._quotes[3][key] = (q, [(o, unit_ids(offer)) for o in q.options
+                                              if (offer := self.market.find(o.offer_id)) is not None
+                                              and self.market.launchable(offer)])
+        q, launchable = hit
+        options = [o for o, units in launchable
+                   if not any(u in self._taken or u in held for u in units)
+                   and self.market.circuits[o.provider].admits()]  # an open circuit: not called until its probe
         return q, options[:TOP_OPTIONS]
+
+    def _spec_key(self, job: Job) -> str:
+        """The job's spec as the quote cache's key; jobs read together share spec objects (the store), so the
+        text is made once per spec object, not once per job."""
+        seen = self._spec_keys.get(id(job.spec))
+        if seen is not None and seen[0] is job.spec:
+            return seen[1]
+        if len(self._spec_keys) > 10_000:
+            self._spec_keys.clear()
+        text = job.spec.model_dump_json()
+        self._spec_keys[id(job.spec)] = (job.spec, text)
+        return text
 
     async def held_offers(self) -> set[str]:
         """Offers a live allocation holds, this replica's or another's (an intent counts: it is launching).
@@ -274,16 +289,31 @@ class Router:
     def deadline(self, job: Job) -> datetime | None:
         return job.deadline or job.spec.deadline_at(job.created_at)
 
-    def situation(self, job: Job, options: Sequence[QuoteOption], now: datetime) -> Situation:
+    def _spot_planned(self, job: Job, options: Sequence[QuoteOption]) -> QuoteOption | None:
+        """The first spot option, where the spot plan weighs its market (a deadline, an interruptible job)."""
+        spot = next((o for o in options if o.market is Market.spot), None)
+        return spot if spot is not None and self.deadline(job) is not None and job.spec.interruptible else None
+
+    def reads_for_situation(self, job: Job, options: Sequence[QuoteOption]) -> bool:
+        """Whether :meth:`situation` reads the store for this job (its allocations, or its spot market's
+        history). A job claimed with no attempt counted has no allocation (every one is written with its
+        attempt: docs/crash-safety.md), so ``history=()`` spares the read."""
+        return job.attempts > 0 or self._spot_planned(job, options) is not None
+
+    def situation(self, job: Job, options: Sequence[QuoteOption], now: datetime, *,
+                  history: Sequence[Allocation] | None = None) -> Situation:
         """Where the job stands, as the spot plan weighs it: the progress it kept, the market of its first spot
         option (what the broker observed of it), the restart time and the decision interval. Blocking
-        (store reads): call it off the event loop. The simulator passes the same (broker/simulate/deadline.py)."""
-        done = progress_hours(self.store.allocations(job.id), now, restart_minutes=self.settings.broker.restart_minutes,
+        (store reads): call it off the event loop, unless :meth:`reads_for_situation` says it reads nothing.
+        ``history``: the job's allocations where the caller knows them (read here when None). The simulator
+        passes the same (broker/simulate/deadline.py)."""
+        allocs = self.store.allocations(job.id) if history is None else history
+        done = progress_hours(allocs, now, restart_minutes=self.settings.broker.restart_minutes,
                               checkpoint_minutes=job.spec.checkpoint_minutes)
         deadline = self.deadline(job)
-        spot = next((o for o in options if o.market is Market.spot), None)
+        spot = self._spot_planned(job, options)
         market = None
-        if spot is not None and deadline is not None and job.spec.interruptible:
+        if spot is not None and deadline is not None:
             market = self.spot_markets.market(spot, submitted=job.created_at, deadline=deadline, now=now)
         return Situation(now=now, deadline=deadline, done_hours=done, spot_market=market,
                          restart_minutes=self.settings.broker.restart_minutes,
@@ -327,7 +357,10 @@ class Router:
                         f"the job's max_cost_usd (${cap:,.2f})" if (cap := job.spec.max_cost_usd) is not None
                         and budget_left == cap - job.spent_usd else f"tenant {job.tenant}'s budget"),
                     [], {"budget_left_usd": round(budget_left, 2)})
-        situation = await self._db(self.situation, job, options, now)
+        if self.reads_for_situation(job, options):
+            situation = await self._db(self.situation, job, options, now)
+        else:  # never attempted, no spot market to weigh: nothing to read, no thread hop
+            situation = self.situation(job, options, now, history=())
         decision = self.decide(job, options, situation, budget_left, q.late_onprem)
         tries_allowed = self.settings.broker.max_launch_tries
         cands = candidates(options, decision)
@@ -455,11 +488,12 @@ class Router:
             return failed
         ticket.record(None)
 
+        decided = decision.as_dict()
         record = await self.lifecycle.ledger.launched(
             alloc, got, reason=self.lifecycle.launched_reason(opt),
             data={"tries": [t.as_event() for t in tries], "allocation": alloc.id, "resource_ids": got.resource_ids,
-                  "decision": decision.as_dict()},
-            placement=opt, decision=decision.as_dict())
+                  "decision": decided},
+            spec=job.spec, placement=opt, decision=decided)
         if record.job is not None:
             if self.on_placed:
                 self.on_placed(opt.provider, "placed")

@@ -8,6 +8,7 @@ columns carry the models' field names (broker/tables.py), so there is no mapper 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -74,6 +75,27 @@ CLAIM_JOBS = (JOBS.update()
                       claimed_at=sa.bindparam("claimed_at"), reason=sa.bindparam("why"),
                       updated_at=sa.bindparam("now"))
               .returning(*JOBS.c))
+
+# The attempt counter, counted by the UPDATE itself (on PostgreSQL it takes the row's lock): no read first.
+COUNT_ATTEMPT = (JOBS.update().where(JOBS.c.id == sa.bindparam("job_key"))
+                 .values(attempts=JOBS.c.attempts + 1, updated_at=sa.bindparam("now"))
+                 .returning(JOBS.c.attempts))
+# The launch's allocation write: a compare-and-set on ``intent``, returning the state it wrote (no read-back).
+LAUNCH_ALLOC = UPDATE_ALLOC.where(ALLOCS.c.state == AllocationState.intent.value).returning(ALLOCS.c.state)
+# A job's move placing → provisioning as one conditional UPDATE (on PostgreSQL the row lock is taken and the
+# state checked again under it, as SELECT ... FOR UPDATE then a check would), returning the row as written
+# without its spec (the caller holds it: a job's spec never changes after submission).
+JOB_COLUMNS_BUT_SPEC = [c for c in JOBS.c if c.name != "spec"]
+assert JobState.provisioning in ALLOWED_TRANSITIONS[JobState.placing]  # what _move_placed does without asking
+
+
+@functools.cache
+def _move_if(from_state: JobState, keys: frozenset[str]) -> Any:
+    """``UPDATE jobs SET <keys> WHERE id = :job_key AND state = from_state RETURNING <all but spec>``, built once
+    per set of keys (a placement's are always the same few)."""
+    return (JOBS.update().where(JOBS.c.id == sa.bindparam("job_key"), JOBS.c.state == from_state.value)
+            .values({k: sa.bindparam(f"v_{k}") for k in keys}).returning(*JOB_COLUMNS_BUT_SPEC))
+
 
 # Job fields that transition()/update_job() may set besides the state.
 JOB_FIELDS: frozenset[str] = frozenset(
@@ -553,15 +575,17 @@ class JobStore(Database):
     def open_attempt(self, job_id: str, build: Callable[[int], Allocation]) -> Allocation:
         """Count one more launch attempt of the job and write its intent (``build(attempt)``), in one
         transaction: a crash leaves both or neither, so an attempt's token never reaches a provider
-        unrecorded, and is never reused. Returns the intent as written (not read back).
+        unrecorded, and is never reused. Two statements: the counter is counted by its UPDATE (``RETURNING``,
+        under the row's lock on PostgreSQL), then the intent's INSERT. Returns the intent as written (not read
+        back).
 
         ConflictError when the job already holds a live allocation (nothing is written then)."""
         try:
             with self._tx() as conn:
-                row = self._job_row(conn, job_id, lock=True)
-                attempt = int(row.attempts) + 1
-                alloc = build(attempt)
-                conn.execute(UPDATE_JOB, {"job_key": job_id, "attempts": attempt, "updated_at": utcnow()})
+                attempt = conn.execute(COUNT_ATTEMPT, {"job_key": job_id, "now": utcnow()}).scalar()
+                if attempt is None:
+                    raise NotFoundError(f"job {job_id} not found")
+                alloc = build(int(attempt))
                 values = alloc.model_dump(mode="python")
                 values["state"] = AllocationState(values["state"]).value
                 conn.execute(INSERT_ALLOC, values)
@@ -570,11 +594,16 @@ class JobStore(Database):
         return alloc.model_copy(update={"created_at": as_utc(alloc.created_at), "updated_at": as_utc(alloc.updated_at)})
 
     def record_launch(self, alloc_id: str, fields: dict[str, Any], job_id: str, reason: str,
-                      data: dict[str, Any], **job_fields: Any) -> LaunchRecord:
+                      data: dict[str, Any], *, spec: JobSpec | None = None, **job_fields: Any) -> LaunchRecord:
         """A launch that went through: its intent becomes the launched allocation (``fields``, a compare-and-set
         on ``intent``) and its job moves placing → provisioning (``reason``, ``data``, ``job_fields``), in one
         transaction. What another writer decided meanwhile stands and is reported instead: a reconcile that
-        gave the intent up (then the job is not moved), one that adopted it, a cancel or requeue of the job."""
+        gave the intent up (then the job is not moved), one that adopted it, a cancel or requeue of the job.
+
+        Three statements when the launch wins (the usual case): the allocation's conditional UPDATE, the job's
+        (``WHERE state = 'placing'``, its row returned), the event's INSERT; nothing is read back. Rows are read
+        only to say what another writer decided. ``spec``: the job's spec as the caller holds it (the moved job
+        is built with it, not from the stored JSON)."""
         values = {**fields, "updated_at": utcnow()}
         if "state" in values:
             values["state"] = AllocationState(values["state"]).value
@@ -583,21 +612,37 @@ class JobStore(Database):
         job_values = self._job_values(job_fields)
         try:
             with self._tx() as conn:
-                won = bool(conn.execute(UPDATE_ALLOC_IF, {"alloc_key": alloc_id, "alloc_states": ["intent"],
-                                                          **values}).rowcount)
-                row = self._alloc_row(conn, alloc_id)
-                state = AllocationState(row.state)
-                if not won and state is AllocationState.failed and not row.resource_ids:
-                    # given up by a reconcile (its job requeued): the launch belongs to nobody
-                    return LaunchRecord(state, False, None, JobState(self._job_row(conn, job_id).state))
-                try:
-                    job = self._move_in(conn, job_id, JobState.provisioning, reason, data, {JobState.placing},
-                                        job_values, events=False)
-                except ConflictError:
+                wrote = conn.execute(LAUNCH_ALLOC, {"alloc_key": alloc_id, **values}).first()
+                won = wrote is not None
+                if wrote is not None:
+                    state = AllocationState(wrote.state)
+                else:  # another writer decided first: what did it decide?
+                    row = self._alloc_row(conn, alloc_id)
+                    state = AllocationState(row.state)
+                    if state is AllocationState.failed and not row.resource_ids:
+                        # given up by a reconcile (its job requeued): the launch belongs to nobody
+                        return LaunchRecord(state, False, None, JobState(self._job_row(conn, job_id).state))
+                job = self._move_placed(conn, job_id, reason, data, job_values, spec)
+                if job is None:  # moved by another writer meanwhile (a cancel, a requeue)
                     return LaunchRecord(state, won, None, JobState(self._job_row(conn, job_id).state))
                 return LaunchRecord(state, won, job, job.state)
         except sa.exc.IntegrityError as exc:
             raise ConflictError(f"allocation {alloc_id}: its job already holds another live allocation") from exc
+
+    def _move_placed(self, conn: Connection, job_id: str, reason: str, data: dict[str, Any] | None,
+                     values: dict[str, Any], spec: JobSpec | None) -> Job | None:
+        """placing → provisioning inside the caller's transaction, as one conditional UPDATE and the event's
+        INSERT; the job as written (with only this event), or None when it is no longer placing."""
+        now = utcnow()
+        values = {**values, "state": JobState.provisioning.value, "reason": reason, "updated_at": now}
+        row = conn.execute(_move_if(JobState.placing, frozenset(values)),
+                           {"job_key": job_id, **{f"v_{k}": v for k, v in values.items()}}).first()
+        if row is None:
+            return None
+        event = self._insert_event(conn, job_id, JobState.placing, JobState.provisioning, reason, data, now)
+        got = dict(row._mapping)
+        got["spec"] = spec if spec is not None else self._job_row(conn, job_id).spec
+        return _job(got, [event])
 
     def _alloc_row(self, conn: Connection, alloc_id: str) -> Row[Any]:
         row = conn.execute(SELECT_ALLOC, {"alloc_key": alloc_id}).first()

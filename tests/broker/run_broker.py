@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -78,7 +79,10 @@ async def main(argv: list[str] | None = None) -> int:
         if args.mode in ("reconcile", "recover"):
             health = await svc.refresh()
             lap("refreshed")
-            report = await reconcile(svc.store, svc.market.providers)
+            # LOCKSTEP_TEST_EXCLUSIVE=1: the test says no other broker is running (a restart after a kill on
+            # PostgreSQL: otherwise a placing job younger than stale_after is left alone as another replica's).
+            exclusive = True if os.environ.get("LOCKSTEP_TEST_EXCLUSIVE") == "1" else None
+            report = await reconcile(svc.store, svc.market.providers, exclusive=exclusive)
             lap("reconciled")
             out = {"health": {k: h.ok for k, h in health.items()}, "report": report.model_dump()}
             if args.mode == "recover":

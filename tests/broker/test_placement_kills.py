@@ -1,8 +1,9 @@
 """A placement is a handful of writes (issue 25: the claim; the attempt counter and intent; the launch and the
 job's move to provisioning), and a broker SIGKILLed between any two of them leaves nothing a restart cannot
-make right: a broker process places one job on the local Vast API and kills itself at each point in turn
-(tests/broker/kill_between_writes.py); a new process reconciles (the audit must be clean: no job placing, no
-intent, no instance without its one live allocation), then places the job — one machine, never two.
+make right, on SQLite and on PostgreSQL: a broker process places one job on the local Vast API and kills itself
+at each point in turn (tests/broker/kill_between_writes.py); a new process reconciles (the audit must be clean:
+no job placing, no intent, no instance without its one live allocation), then places the job — one machine,
+never two.
 """
 
 from __future__ import annotations
@@ -25,10 +26,19 @@ KILL_POINTS = [("--after", 1), ("--after", 2), ("--before", 3), ("--after", 3)]
 NAMES = ["claim|intent", "intent|launch", "launch|record", "record|end"]
 
 
-@pytest.fixture
-async def brokers(tmp_path: Path, vast_api: VastApiServer, aws_proxy_config) -> AsyncIterator[Brokers]:
-    db_url = f"sqlite:///{tmp_path / 'kills.db'}"
+@pytest.fixture(params=["sqlite", "postgres"])
+async def brokers(request: pytest.FixtureRequest, tmp_path: Path, vast_api: VastApiServer,
+                  aws_proxy_config) -> AsyncIterator[Brokers]:
+    # Both stores: the writes of a placement are single statements with RETURNING and conditional UPDATEs,
+    # whose locking differs (PostgreSQL's row locks, SQLite's one writer).
+    db_url = f"sqlite:///{tmp_path / 'kills.db'}" if request.param == "sqlite" else \
+        request.getfixturevalue("pg_database")()
     env = child_env(db_url, vast_api.url, aws_proxy_config.endpoint_url)
+    if request.param == "postgres":
+        # The restart is the only broker (the killed one is gone): its reconcile is exclusive, as an operator's
+        # after a crash would be; otherwise the job left placing waits out stale_after as if another replica
+        # were placing it.
+        env["LOCKSTEP_TEST_EXCLUSIVE"] = "1"
     b = Brokers(f"kills-{secrets.token_hex(3)}", db_url, env, tmp_path / "brokers.log")
     yield b
     await b.kill_all()

@@ -133,6 +133,11 @@ def launch_order(inst: Mapping[str, Any]) -> tuple[int, str]:
     return int(inst.get("AmiLaunchIndex") or 0), str(inst.get("InstanceId", ""))
 
 
+# Spot's two-minute interruption notice and rebalance recommendations, from the instance metadata service,
+# polled every 5 s as AWS advises (the endpoint: LOCKSTEP_IMDS_URL on the node, else 169.254.169.254).
+AWS_NOTICE = {"imds": True, "every_s": 5.0, "rebalance": True, "deliver": "SIGTERM"}
+
+
 def aws_manifest(run: RunRequest, *, log_urls: Mapping[str, str], status_urls: Mapping[str, str],
                  peers_url: str, data_url: str, checkpoint_uri: str, efa: bool,
                  part_urls: Mapping[str, Sequence[str]] | None = None,
@@ -156,6 +161,7 @@ def aws_manifest(run: RunRequest, *, log_urls: Mapping[str, str], status_urls: M
         data_url=data_url,
         checkpoint_uri=checkpoint_uri,
         extra_env=extra,
+        notice=AWS_NOTICE,
     )
 
 

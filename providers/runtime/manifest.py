@@ -148,6 +148,7 @@ def build_manifest(
     checkpoint_uri: str = "",
     checkpoint_dir: str = "",
     extra_env: Mapping[str, str] | None = None,
+    notice: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The wrapper's manifest for one attempt (its format is the wrapper's ``main``).
 
@@ -185,6 +186,8 @@ def build_manifest(
         manifest["checkpoint_dir"] = checkpoint_dir
     if container:
         manifest["container"] = dict(container)
+    if notice:  # how the market's interruption notice reaches the wrapper (docs/runtime.md, issue 30)
+        manifest["notice"] = dict(notice)
     if shutdown:
         manifest["shutdown"] = list(shutdown)
         manifest["shutdown_fallbacks"] = [list(f) for f in SHUTDOWN_FALLBACKS]

@@ -660,6 +660,8 @@ class Heartbeat:
         self.log = log
         self.rank = rank
         self.phase = "starting"
+        self.notice = None  # type: Optional[dict]
+        self.lock = threading.Lock()
         self.seq = 0
         self.progress = time.monotonic()
         self.stop = threading.Event()
@@ -675,8 +677,14 @@ class Heartbeat:
             self.phase = phase
 
     def beat(self) -> None:
+        with self.lock:  # the notice watcher beats at once too
+            self._beat()
+
+    def _beat(self) -> None:
         self.seq += 1
         doc = {"at": log_time(), "seq": self.seq, "phase": self.phase, "rank": self.rank, "pid": os.getpid()}
+        if self.notice is not None:
+            doc["notice"] = self.notice
         body = json.dumps(doc, sort_keys=True)
         if self.status_dir:
             try:
@@ -926,6 +934,151 @@ def watch_fence(manifest: dict, runner: Runner, log: Log, every_s: float = 2.0) 
     threading.Thread(target=watch, name="lockstep-fence", daemon=True).start()
 
 
+class Notices:
+    """The market's interruption notice (issue 30; docs/runtime.md, "Interruption notices").
+
+    ``manifest["notice"]``: ``imds`` (AWS: poll the instance metadata service, IMDSv2, every ``every_s`` s for
+    ``spot/instance-action`` and, with ``rebalance``, ``events/recommendations/rebalance``; the endpoint is
+    ``LOCKSTEP_IMDS_URL`` where set, else ``imds_url``, else 169.254.169.254), ``trap`` (Slurm: the name of the
+    signal the broker asked Slurm to send before the end, ``--signal``; the wrapper takes it as the notice instead
+    of passing it on), ``deliver`` (the signal the command gets, SIGTERM unless it says), ``file`` (the notice
+    file the command reads). On the first notice of a kind: the notice file, ``notice-<rank>.json`` beside the
+    status (and its URL), a heartbeat at once that carries it, a log line, and for an interruption the signal.
+    """
+
+    def __init__(self, manifest: dict, environ: dict, rank: int) -> None:
+        conf = manifest.get("notice") or {}
+        self.conf = conf if isinstance(conf, dict) else {}
+        self.imds = bool(self.conf.get("imds"))
+        self.base = (environ.get("LOCKSTEP_IMDS_URL") or self.conf.get("imds_url")
+                     or "http://169.254.169.254").rstrip("/")
+        self.every = max(0.05, float(self.conf.get("every_s") or 5.0))
+        self.rebalance = bool(self.conf.get("rebalance", True))
+        self.trap = str(self.conf.get("trap") or "")
+        self.deliver = str(self.conf.get("deliver") or "SIGTERM")
+        if not hasattr(signal, self.deliver):
+            self.deliver = "SIGTERM"
+        workdir = str(manifest.get("workdir") or ".")
+        self.file = str(self.conf.get("file") or os.path.join(workdir, ".lockstep-notice.json"))
+        self.logs = manifest.get("logs") or {}
+        self.rank = rank
+        self.seen = {}  # type: Dict[str, dict]
+        self.trapped = threading.Event()
+        self.delivered = False
+        self.token = ""
+        self.token_at = 0.0
+
+    @property
+    def wanted(self) -> bool:
+        return self.imds or bool(self.trap)
+
+    def env(self) -> Dict[str, str]:
+        """What the command sees from the start (the notice itself comes in the file and the signal)."""
+        if not self.wanted:
+            return {}
+        return {"LOCKSTEP_NOTICE_FILE": self.file, "LOCKSTEP_NOTICE_SIGNAL": self.deliver,
+                "LOCKSTEP_NOTICE_SOURCE": "imds" if self.imds else "slurm"}
+
+    def is_trap(self, signum: int) -> bool:
+        return bool(self.trap) and getattr(signal, self.trap, None) == signum
+
+    def _imds_get(self, path: str) -> Optional[dict]:
+        """One metadata document, None on 404 (no notice). A token is reused for most of its 6 h."""
+        import urllib.error
+
+        now = time.monotonic()
+        if not self.token or now - self.token_at > 5 * 3600:
+            self.token = http("PUT", self.base + "/latest/api/token", b"",
+                              {"X-aws-ec2-metadata-token-ttl-seconds": "21600"}, timeout=2, attempts=2).decode()
+            self.token_at = now
+        try:
+            body = http("GET", self.base + "/latest/meta-data/" + path, None,
+                        {"X-aws-ec2-metadata-token": self.token}, timeout=2, attempts=2)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 401:  # the token expired early: a new one next round
+                self.token = ""
+            if exc.code in (401, 404):
+                return None
+            raise
+        try:
+            doc = json.loads(body.decode("utf-8"))
+        except ValueError:
+            return {"raw": body.decode("utf-8", "replace")[:200]}
+        return doc if isinstance(doc, dict) else {"raw": str(doc)[:200]}
+
+    def poll(self) -> List[dict]:
+        """The notices the market gives now (AWS)."""
+        found = []
+        action = self._imds_get("spot/instance-action")
+        if action is not None:
+            found.append({"kind": "interruption", "source": "imds", "action": str(action.get("action", "")),
+                          "deadline": str(action.get("time", ""))})
+        if self.rebalance:
+            rebalance = self._imds_get("events/recommendations/rebalance")
+            if rebalance is not None:
+                found.append({"kind": "rebalance", "source": "imds", "action": "",
+                              "deadline": "", "notice_time": str(rebalance.get("noticeTime", ""))})
+        return found
+
+    def act(self, doc: dict, runner: "Runner", log: Log, heartbeat: Optional[Heartbeat]) -> None:
+        kind = doc["kind"]
+        if kind in self.seen:
+            return
+        doc = dict(doc, seen_at=log_time(), rank=self.rank)
+        interruption = kind == "interruption"
+        if interruption:
+            doc["signal"] = self.deliver
+        self.seen[kind] = doc
+        body = json.dumps(doc, sort_keys=True).encode()
+        log.line("lockstep", "notice from the market: %s" % json.dumps(doc, sort_keys=True))
+        try:
+            _atomic_write(self.file, body)
+        except Exception as exc:
+            log.line("lockstep", "notice file not written: %s" % exc)
+        status_dir = self.logs.get("status_dir")
+        if status_dir:
+            try:
+                os.makedirs(status_dir, exist_ok=True)
+                _atomic_write(os.path.join(status_dir, "notice-%d.json" % self.rank), body)
+            except Exception as exc:
+                log.line("lockstep", "notice not written beside the status: %s" % exc)
+        url = (self.logs.get("notice_put_urls") or {}).get(str(self.rank))
+        if url:
+            try:
+                put(url, body, "application/json", attempts=3, timeout=10.0)
+            except Exception as exc:
+                log.line("lockstep", "notice upload failed: %s" % type(exc).__name__)
+        if heartbeat is not None:
+            heartbeat.notice = doc
+            if heartbeat.wanted:
+                heartbeat.beat()
+        if interruption and runner.returncode is None:
+            self.delivered = True
+            runner.send(getattr(signal, self.deliver))
+
+    def watch(self, runner: "Runner", log: Log, heartbeat: Optional[Heartbeat]) -> None:
+        if not self.wanted:
+            return
+
+        def loop() -> None:
+            while runner.returncode is None:
+                if self.trapped.is_set():
+                    self.trapped.clear()
+                    self.act({"kind": "interruption", "source": "slurm", "action": "signal " + self.trap,
+                              "deadline": ""}, runner, log, heartbeat)
+                if self.imds:
+                    try:
+                        for doc in self.poll():
+                            self.act(doc, runner, log, heartbeat)
+                    except Exception as exc:  # an unreachable metadata service: try again next round
+                        log.errors["notice"] += 1
+                        if log.errors["notice"] == 1:
+                            log.line("lockstep", "metadata service not answering: %s" % type(exc).__name__)
+                self.trapped.wait(self.every)  # a trapped signal wakes it at once
+
+        threading.Thread(target=loop, name="lockstep-notice", daemon=True).start()
+
+
 def exit_code_of(returncode: int) -> int:
     """A shell-style exit code: 128 + N for a command killed by signal N."""
     return 128 - returncode if returncode < 0 else returncode
@@ -1049,9 +1202,14 @@ class Job:
         self.signals = []  # type: List[int]
         self.runner = None  # type: Optional[Runner]
         self.log = None  # type: Optional[Log]
+        self.notices = None  # type: Optional[Notices]
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.signals.append(signum)
+        notices = self.notices
+        if notices is not None and notices.is_trap(signum):
+            notices.trapped.set()  # the notice watcher acts on it (a handler only sets flags)
+            return
         runner = self.runner
         if runner is None:
             return  # before the command: the run stops at its next step (stopped())
@@ -1061,7 +1219,9 @@ class Job:
             runner.send(signum)
 
     def stopped(self) -> bool:
-        return any(signal.Signals(s).name in STOPPING for s in self.signals)
+        notices = self.notices
+        return any(signal.Signals(s).name in STOPPING and not (notices is not None and notices.is_trap(s))
+                   for s in self.signals)
 
     def install(self) -> None:
         for name in SIGNALS:
@@ -1089,6 +1249,10 @@ def main(argv: Optional[List[str]] = None, environ: Optional[dict] = None) -> in
         except Exception as exc:
             failure = "could not read the manifest: %s: %s" % (type(exc).__name__, exc)
             manifest = manifest if isinstance(manifest, dict) else {}
+        job.notices = Notices(manifest, environ, rank)
+        for early in list(job.signals):  # a trapped signal that came while the wrapper was loading
+            if job.notices.is_trap(early):
+                job.notices.trapped.set()
         job_env = {str(k): str(v) for k, v in (manifest.get("env") or {}).items()}
         secrets = {str(k): str(v) for k, v in (manifest.get("secrets") or {}).items()}
         manifest.setdefault("workdir", os.path.join(environ.get("TMPDIR", "/tmp"),
@@ -1121,6 +1285,8 @@ def main(argv: Optional[List[str]] = None, environ: Optional[dict] = None) -> in
         env.update(job_env)
         env.update(rdzv)
         env["LOCKSTEP_WORKDIR"] = workdir
+        job.notices.rank = rank
+        env.update(job.notices.env())
         if manifest.get("files"):
             n = unpack_files(manifest["files"], workdir)
             log.line("lockstep", "unpacked %d file(s) into %s" % (n, workdir))
@@ -1146,6 +1312,7 @@ def main(argv: Optional[List[str]] = None, environ: Optional[dict] = None) -> in
         runner = Runner(cmd, env, workdir, log, float(manifest.get("grace_s", 30)), heartbeat)
         job.runner = runner
         watch_fence(manifest, runner, log)
+        job.notices.watch(runner, log, heartbeat)
         if job.stopped():  # the signal came while the command was starting
             runner.request_stop("signal")
         max_duration = manifest.get("max_duration_s")
@@ -1154,6 +1321,9 @@ def main(argv: Optional[List[str]] = None, environ: Optional[dict] = None) -> in
             log.line("lockstep", "the command was stopped by a signal to the job (preemption or cancel)")
         code = exit_code_of(returncode)
         reason = runner.reason if runner.reason in ("signal", "max_duration") else "exited"
+        if reason == "exited" and job.notices.delivered:  # it ended on the market's notice: not done, requeue it
+            log.line("lockstep", "the command ended after the market's interruption notice")
+            reason = "signal"
     except BaseException as exc:  # the wrapper's own failure still ends with a status and the shutdown
         why = str(exc) if isinstance(exc, WrapperError) else "%s: %s" % (type(exc).__name__, exc)
         if log is not None:
@@ -1192,6 +1362,8 @@ def finish(manifest: dict, environ: dict, job: Job, log: Optional[Log], heartbea
                   "started_at": started, "ended_at": log_time(), "last_lines": tail,
                   "wrapper": {"max_rss_kb": _max_rss_kb(), "signals": [int(s) for s in job.signals],
                               "errors": dict(log.errors) if log is not None else {}}}
+        if job.notices is not None and job.notices.seen:
+            status["notice"] = job.notices.seen.get("interruption") or job.notices.seen.get("rebalance")
         if write_status(manifest, rank, status, deadline):  # first: the broker ends the job on it
             _mark(environ, "status")
         say("command ended: exit code %d (%s)" % (code, reason))

@@ -85,13 +85,25 @@ class FakeImds:
         self.tokens: set[str] = set()
         self.url = ""
         self.refused = 0  # metadata requests without a valid token
+        # The market's notices, per instance (issue 30): what spot/instance-action and
+        # events/recommendations/rebalance answer once set (404 until then, as on EC2).
+        self.interruptions: dict[str, dict[str, str]] = {}
+        self.rebalances: dict[str, dict[str, str]] = {}
+        self.asked: dict[str, int] = {}  # metadata path → how many times it was read
         app = web.Application()
         app.router.add_put("/{node}/latest/api/token", self._token)
-        app.router.add_get("/{node}/latest/meta-data/{path}", self._meta)
+        app.router.add_get("/{node}/latest/meta-data/{path:.+}", self._meta)
         self._server = TestServer(app, host="127.0.0.1")
 
     def base(self, instance_id: str) -> str:
         return f"{self.url}/{instance_id}"
+
+    def interrupt(self, instance_id: str, action: str = "terminate", at: str = "2026-12-06T12:02:00Z") -> None:
+        """Issue a spot interruption notice, as EC2 does two minutes before it acts."""
+        self.interruptions[instance_id] = {"action": action, "time": at}
+
+    def recommend_rebalance(self, instance_id: str, at: str = "2026-12-06T12:00:00Z") -> None:
+        self.rebalances[instance_id] = {"noticeTime": at}
 
     async def __aenter__(self) -> FakeImds:
         await self._server.start_server()
@@ -112,10 +124,15 @@ class FakeImds:
         if request.headers.get(TOKEN_HEADER) not in self.tokens:
             self.refused += 1
             return web.Response(status=401)
-        node = request.match_info["node"]
+        node, path = request.match_info["node"], request.match_info["path"]
+        self.asked[path] = self.asked.get(path, 0) + 1
+        notice = {"spot/instance-action": self.interruptions,
+                  "events/recommendations/rebalance": self.rebalances}.get(path, {}).get(node)
+        if notice is not None:
+            return web.json_response(notice)
         if node not in self.nodes:
             return web.Response(status=404)
-        value = {"instance-id": node, "local-ipv4": self.nodes[node]}.get(request.match_info["path"])
+        value = {"instance-id": node, "local-ipv4": self.nodes[node]}.get(path)
         return web.Response(text=value) if value is not None else web.Response(status=404)
 
 

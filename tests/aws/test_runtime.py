@@ -236,6 +236,8 @@ def test_efa_settings_in_the_manifest_and_the_jobs_own_values_win() -> None:
     assert {k: manifest["env"][k] for k in EFA_ENV} == {**EFA_ENV, "FI_EFA_FORK_SAFE": "0"}
     plain = aws_manifest(run, log_urls={}, status_urls={}, peers_url="u", data_url="", checkpoint_uri="", efa=False)
     assert plain["container"]["args"] == [] and "FI_PROVIDER" not in plain["env"]
+    # Issue 30: the wrapper polls the metadata service for spot's notice and delivers SIGTERM.
+    assert plain["notice"] == {"imds": True, "every_s": 5.0, "rebalance": True, "deliver": "SIGTERM"}
 
 
 def test_upload_urls_live_for_the_run_and_at_most_seven_days() -> None:

@@ -55,6 +55,11 @@ log = logging.getLogger(__name__)
 # The allocation state a poll answers when the provider holds nothing any more (no release needed; a preempted
 # Vast instance, for one, still exists, stopped, until it is destroyed).
 GONE = (AllocationState.released,)
+# After a running attempt's release: how long its wrappers may take to log their end (the line below), and how
+# often its log is read meanwhile, before its log is kept again (Slurm signals the step a moment after scancel).
+FINAL_LOG_WAIT_S = 5.0
+FINAL_LOG_POLL_S = 0.2
+WRAPPER_END = " lockstep command ended: "  # the wrapper's last log line (providers/runtime/wrapper.py finish)
 # Job states in which a job holds, or is getting, an allocation.
 # Records and returns what an allocation's burn-in step has measured so far (one benchmark a node; each
 # result is recorded once). The service supplies it: recording judges the result with the health gates.
@@ -507,6 +512,7 @@ class JobLifecycle:
         """
         provider = self.providers.get(alloc.provider)
         if isinstance(provider, Launches) and (alloc.resource_ids or alloc.state is not AllocationState.intent):
+            was_running = alloc.state is AllocationState.running  # its command is stopped by this release
             alloc = await self.ledger.releasing(alloc)
             if isinstance(provider, HasJobLogs) and alloc.resource_ids:
                 try:
@@ -521,7 +527,13 @@ class JobLifecycle:
                 if raise_errors:
                     raise
                 return
-            await self.ledger.book_end(alloc, state, reason, ended_at=self.clock())  # billing stopped just now
+            ended_at = self.clock()  # billing stopped just now
+            if isinstance(provider, HasJobLogs) and alloc.resource_ids and was_running:
+                try:  # what it printed as the release stopped it, where the market's copy outlives the machine
+                    await self._archive_final(alloc, provider)
+                except Exception:
+                    log.exception("log of %s not kept", alloc.id)
+            await self.ledger.book_end(alloc, state, reason, ended_at=ended_at)
             return
         await self.ended(alloc, state, reason)
 
@@ -529,6 +541,20 @@ class JobLifecycle:
         """Record an allocation that no longer holds anything as ``state``, its cost booked once (the ledger's
         ``book_end``: the market's billed time × its price)."""
         return await self.ledger.book_end(alloc, state, reason)
+
+    async def _archive_final(self, alloc: Allocation, provider: HasJobLogs) -> None:
+        """Keep the log again once the released attempt's wrappers have logged their end (bounded by
+        ``FINAL_LOG_WAIT_S``): the release stopped its command, and what it printed as it stopped comes after
+        the copy kept before. A market whose copy went with the machine (Vast: '') keeps that earlier copy."""
+        give_up = asyncio.get_running_loop().time() + FINAL_LOG_WAIT_S
+        while True:
+            texts = [await provider.job_log(alloc, rank=r) for r in range(max(alloc.nodes, 1))]
+            if not any(texts):
+                return
+            if all(WRAPPER_END in t for t in texts) or asyncio.get_running_loop().time() >= give_up:
+                break
+            await asyncio.sleep(FINAL_LOG_POLL_S)
+        await self.archive_logs(alloc, provider)
 
     async def archive_logs(self, alloc: Allocation, provider: HasJobLogs) -> None:
         """Keep the last of each node's log in the store, secret values masked: the machine, and the market's

@@ -918,11 +918,16 @@ class JobEvent(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+# The tenant a job belongs to when no other is named (local mode, a token without one): it has no row until someone
+# creates one, but its jobs still spend, so the tenant list shows it.
+DEFAULT_TENANT = "default"
+
+
 class Job(BaseModel):
     model_config = ConfigDict(defer_build=True)
 
     id: str
-    tenant: str = "default"
+    tenant: str = DEFAULT_TENANT
     spec: JobSpec
     state: JobState = JobState.pending
     reason: str = ""
@@ -964,6 +969,15 @@ class Allocation(BaseModel):
     cost_usd: float | None = Field(default=None, description="what it cost, booked when it ended (None until then)")
     billed_s: float | None = Field(default=None, description="the seconds billed, per its market's granularity")
     ended_at: datetime | None = None
+
+
+class JobDetail(Job):
+    """A job with its events (always) and the allocations providers handed out for it: what
+    ``GET /v1/jobs/{id}`` answers and ``lockstep status --json`` prints, through a server or locally."""
+
+    model_config = ConfigDict(defer_build=True)
+
+    allocations: list[Allocation] = Field(default_factory=list)
 
 
 class Billing(BaseModel):

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from broker.models import (
         GpuSummary,
         Job,
+        JobDetail,
         JobSpec,
         JobState,
         LogLine,
@@ -248,8 +249,13 @@ def _job(r: httpx.Response) -> Job:
     return job
 
 
-def _job_call(job_id: str) -> _Call[Job]:
-    return _Call("GET", f"/v1/jobs/{_seg(job_id)}", _job)
+def _job_detail(r: httpx.Response) -> JobDetail:
+    job: JobDetail = _models().JobDetail.model_validate_json(r.content)
+    return job
+
+
+def _job_call(job_id: str) -> _Call[JobDetail]:
+    return _Call("GET", f"/v1/jobs/{_seg(job_id)}", _job_detail)
 
 
 def _cancel_call(job_id: str) -> _Call[Job]:
@@ -491,7 +497,8 @@ class AsyncClient(_Base):
                 break
         return out
 
-    async def job(self, job_id: str) -> Job:
+    async def job(self, job_id: str) -> JobDetail:
+        """One job with its events and the allocations its markets handed out (``GET /v1/jobs/{id}``)."""
         return await self._run(_job_call(job_id))
 
     async def cancel(self, job_id: str) -> Job:
@@ -655,7 +662,7 @@ class Client(_Base):
                 break
         return out
 
-    def job(self, job_id: str) -> Job:
+    def job(self, job_id: str) -> JobDetail:
         return self._run(_job_call(job_id))
 
     def cancel(self, job_id: str) -> Job:

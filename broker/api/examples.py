@@ -18,13 +18,13 @@ from broker.api.schemas import (
     ErrorBody,
     ErrorDetail,
     Health,
-    JobDetail,
     JobPage,
     ResumeResult,
     TokenCreated,
 )
 from broker.models import (
     Job,
+    JobDetail,
     JobEvent,
     JobSpec,
     JobState,

@@ -36,7 +36,6 @@ from broker.api.schemas import (
     DrainResult,
     ErrorBody,
     Health,
-    JobDetail,
     JobPage,
     ProvidersReport,
     ResumeResult,
@@ -46,6 +45,7 @@ from broker.errors import ConflictError, NotFoundError, SpecError
 from broker.models import (
     GpuSummary,
     Job,
+    JobDetail,
     JobSpec,
     LogLine,
     Offer,

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from broker.models import Allocation, Job, ProviderHealth, TokenInfo
+from broker.models import Job, ProviderHealth, TokenInfo
 
 
 class ErrorDetail(BaseModel):
@@ -28,12 +28,6 @@ class ErrorBody(BaseModel):
 class JobPage(BaseModel):
     jobs: list[Job]
     next_cursor: str | None = Field(default=None, description="pass as ?cursor= for the next page")
-
-
-class JobDetail(Job):
-    """A job with its events (always) and the allocations providers handed out for it."""
-
-    allocations: list[Allocation] = Field(default_factory=list)
 
 
 class DrainRequest(BaseModel):

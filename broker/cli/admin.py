@@ -105,12 +105,17 @@ def _tenants_table(tenants: list[Tenant]) -> None:
 def tenants_create(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Tenant name (letters, digits, . _ -).")],
-    budget: Annotated[float | None, typer.Option("--budget", min=0, help="Monthly budget, USD.")] = None,
+    monthly_usd: Annotated[float | None, typer.Option("--monthly-usd", min=0, help="Monthly budget, USD.")] = None,
     max_gpus: Annotated[int | None, typer.Option("--max-gpus", min=0, help="GPUs held at once.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the tenant as JSON.")] = False,
+    budget: Annotated[float | None, typer.Option("--budget", min=0, hidden=True,
+                                                 help="Deprecated: use --monthly-usd.")] = None,
 ) -> None:
     """Create a tenant."""
-    body = validated(TenantCreate, name=name, monthly_budget_usd=budget, max_gpus=max_gpus)
+    if budget is not None and monthly_usd is not None and budget != monthly_usd:
+        raise SpecError("monthly_usd", "give --monthly-usd once (--budget is its deprecated alias)")
+    monthly = monthly_usd if monthly_usd is not None else budget
+    body = validated(TenantCreate, name=name, monthly_budget_usd=monthly, max_gpus=max_gpus)
     tenant = with_store_or_server(get_ctx(ctx), lambda svc: svc.create_tenant(body),
                                   lambda remote: remote.create_tenant(body))
     render.emit(tenant, json_out, lambda t: _tenants_table([t]))

@@ -56,7 +56,9 @@ def submit(
     else:
         where = f" on {j.placement.provider} {j.placement.sku} ({j.placement.zone or j.placement.region})" \
             if j.placement else ""
-        render.console.print(f"job {j.id} {j.state.value}{where}" + (f": {j.reason}" if j.reason else ""))
+        # A job accepted with a warning carries it as its reason too: said once, above.
+        reason = j.reason if j.reason and j.reason != warning else ""
+        render.console.print(f"job {j.id} {j.state.value}{where}" + (f": {reason}" if reason else ""))
         print(j.id)
 
 
@@ -67,7 +69,7 @@ async def _first_decision(client: AsyncClient, job: Job) -> Job:
     seen = len(job.events)
     while time.monotonic() < deadline:
         await asyncio.sleep(PLACE_POLL_S)
-        job = await client.job(job.id)
+        job = Job.model_validate(dict(await client.job(job.id)))  # the submission's shape, as through a server
         if job.state is not JobState.pending or len(job.events) > seen:
             break
     return job
@@ -91,7 +93,7 @@ def status(
     job_id: Annotated[str, typer.Argument(help="Job id.")],
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """One job with its events and spend."""
+    """One job with its events, spend and allocations (with --json)."""
     j = with_client(get_ctx(ctx), lambda client: client.job(job_id))
     render.emit(j, json_out, render.job_detail)
 
@@ -136,15 +138,30 @@ def logs(
             ranks = {ln.rank for ln in lines}
             for ln in lines:
                 show(ln, ranks)
+            if not lines and tail != 0:
+                typer.echo(no_output(await client.job(job_id)), err=True)
             return
         ranks = set()
+        shown = 0
         async for ln in client.logs(job_id, tail=tail, follow=True):
             ranks.add(ln.rank)
             show(ln, ranks)
+            shown += 1
             sys.stdout.flush()
         job = await client.job(job_id)
         if job.state not in TERMINAL_STATES:  # the server's api.log_follow_max_s ended the stream
             typer.echo(f"lockstep: the server ended the stream; job {job_id} is {job.state.value} "
                        f"(lockstep logs {job_id} -f --tail 0 carries on)", err=True)
+        elif not shown and tail != 0:
+            typer.echo(no_output(job), err=True)
 
     with_client(c, run)
+
+
+def no_output(job: Job) -> str:
+    """The line `lockstep logs` prints (on stderr) for a job with no log lines: why there are none."""
+    if job.state in TERMINAL_STATES:
+        return f"lockstep: job {job.id} ({job.state.value}) produced no output"
+    if job.state is JobState.running:
+        return f"lockstep: job {job.id} is running and has printed nothing yet"
+    return f"lockstep: job {job.id} is {job.state.value}: no output yet"

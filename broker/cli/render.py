@@ -70,9 +70,11 @@ def quote_table(q: Quote, explain: bool = False) -> None:
         f" — {len(q.options)} option(s) shown of {q.offers_considered} offers"
     )
     t = _table(show_lines=False)
-    for col in ("#", "provider", "market", "sku", "region/zone", "nodes×GPUs", "fabric", "$/h", "price from",
+    # The price is the whole allocation's (every node and GPU), not one GPU's: say so in the header.
+    alloc = f"$/h (all {spec.gpus} GPUs)"
+    for col in ("#", "provider", "market", "sku", "region/zone", "nodes×GPUs", "fabric", alloc, "price from",
                 "hours", "job cost"):
-        t.add_column(col, justify="right" if col in ("#", "$/h", "hours", "job cost") else "left")
+        t.add_column(col, justify="right" if col in ("#", alloc, "hours", "job cost") else "left")
     for i, o in enumerate(q.options, 1):
         where = o.region + (f"/{o.zone}" if o.zone else "") + (f" [{o.cluster}]" if o.cluster else "")
         fabric = f"{o.fabric.value} {o.fabric_gbps:g}G" if o.fabric_gbps else o.fabric.value

@@ -23,7 +23,7 @@ COMMANDS = (
             "Submit a job. Once accepted it is stored and survives a broker crash."),
     Command("jobs", "broker.cli.jobs:list_jobs", "Jobs, newest first."),
     Command("status", "broker.cli.jobs:status",
-            "One job with its events and spend."),
+            "One job with its events, spend and allocations (with --json)."),
     Command("cancel", "broker.cli.jobs:cancel", "Cancel a job and release everything it holds."),
     Command("logs", "broker.cli.jobs:logs",
             "What a job printed (its current or last attempt, every node), secret values masked."),

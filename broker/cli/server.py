@@ -29,7 +29,6 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
                   help="The background broker that follows local jobs (started by the first command that needs it).")
 
 log = logging.getLogger("lockstep.server")
-LOCAL_TENANT = "default"
 IDLE_CHECK_S = 30.0
 IDLE_GRACE_S = 10.0  # never idle-exit this soon after starting: the command that started it is about to ask
 
@@ -122,7 +121,7 @@ def run(ctx: typer.Context) -> None:
 async def _serve(settings: object, d: Path) -> None:
     from broker.api import create_app, start_server
     from broker.config import Settings
-    from broker.models import TERMINAL_STATES, JobState, Role, TokenCreate
+    from broker.models import DEFAULT_TENANT, TERMINAL_STATES, JobState, Role, TokenCreate
     from broker.service import Lockstep
 
     assert isinstance(settings, Settings)
@@ -137,7 +136,7 @@ async def _serve(settings: object, d: Path) -> None:
     # state.json, which this start replaces).
     old = lb._read_json(d / "state.json") or {}
     previous = lb._read_json(d / "token.json") or {}
-    info, token = await svc.create_token(TokenCreate(tenant=LOCAL_TENANT, role=Role.admin,
+    info, token = await svc.create_token(TokenCreate(tenant=DEFAULT_TENANT, role=Role.admin,
                                                      label="background broker"))
     if previous.get("id"):
         with contextlib.suppress(Exception):

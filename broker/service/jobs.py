@@ -6,7 +6,17 @@ import logging
 from datetime import datetime
 
 from broker.errors import NoFeasibleOption, ProviderError
-from broker.models import HOLDING, TERMINAL_STATES, Allocation, AllocationState, Job, JobSpec, JobState, OfferSource
+from broker.models import (
+    DEFAULT_TENANT,
+    HOLDING,
+    TERMINAL_STATES,
+    Allocation,
+    AllocationState,
+    Job,
+    JobSpec,
+    JobState,
+    OfferSource,
+)
 from broker.service.runtime import Runtime, new_job_id
 from providers.registry import how_to_enable
 
@@ -16,12 +26,12 @@ log = logging.getLogger(__name__)
 
 
 class JobsService(Runtime):
-    async def submit(self, spec: JobSpec, *, tenant: str = "default", idempotency_key: str | None = None) -> Job:
+    async def submit(self, spec: JobSpec, *, tenant: str = DEFAULT_TENANT, idempotency_key: str | None = None) -> Job:
         """Accept a job: once this returns, the job is in the store and survives a crash."""
         job, _ = await self.submit_job(spec, tenant=tenant, idempotency_key=idempotency_key)
         return job
 
-    async def submit_job(self, spec: JobSpec, *, tenant: str = "default",
+    async def submit_job(self, spec: JobSpec, *, tenant: str = DEFAULT_TENANT,
                          idempotency_key: str | None = None) -> tuple[Job, bool]:
         """Like :meth:`submit`, and says whether the job is new (False: an idempotent repeat).
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from broker.errors import NotFoundError
-from broker.models import Tenant, TenantCreate, TenantPatch, TokenCreate, TokenInfo, month_start
+from broker.models import DEFAULT_TENANT, Tenant, TenantCreate, TenantPatch, TokenCreate, TokenInfo, month_start
 from broker.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,14 @@ class TenantsService(Runtime):
         return (await self._with_spend([await self.db(self.store.create_tenant, Tenant(**body.model_dump()))]))[0]
 
     async def list_tenants(self) -> list[Tenant]:
-        return await self._with_spend(await self.db(self.store.list_tenants))
+        """Every tenant; plus ``default`` (no caps) when it has no row but is all there is (local mode) or has
+        spent this month: jobs submitted without a tenant belong to it."""
+        listed = await self._with_spend(await self.db(self.store.list_tenants))
+        if any(t.name == DEFAULT_TENANT for t in listed):
+            return listed
+        [implicit] = await self._with_spend([Tenant(name=DEFAULT_TENANT, created_at=min(
+            (t.created_at for t in listed), default=self.clock()))])
+        return [implicit, *listed] if not listed or implicit.month_to_date_usd > 0 else listed
 
     async def get_tenant(self, name: str, scope: str | None = None) -> Tenant:
         """One tenant; with ``scope`` (the caller's own tenant, for a non-admin) any other is not found:

@@ -9,6 +9,7 @@ CI (CI=true) it fails them, so a broken set-up cannot pass as green.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,22 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         missing(f"{SHARED_DATA} is absent (a checkout without ../shared); these tests read real data from it")
     return SHARED_DATA
+
+
+@pytest.fixture
+def invoke(tmp_path: Path) -> Callable[..., tuple[int, str, str]]:
+    """The CLI in this process on a fresh SQLite store: `invoke(*args)` → (exit code, stdout, stderr)."""
+    from typer.testing import CliRunner  # here, not at the top: most tests never drive the CLI
+
+    from broker.cli import app
+
+    runner = CliRunner()
+    db = str(tmp_path / "lockstep.db")
+    # A clean environment: nothing from the developer's shell may enable a provider.
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("LOCKSTEP_")}
+
+    def run(*args: str) -> tuple[int, str, str]:
+        result = runner.invoke(app, ["--db", db, *args], env=env)
+        return result.exit_code, result.stdout, result.stderr
+
+    return run

@@ -5,29 +5,11 @@ here are not configured, so an unhealthy target is marked out of the pool but no
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from broker.cli import app
 from broker.probe import run_probe
-
-runner = CliRunner()
-
-
-@pytest.fixture
-def invoke(tmp_path: Path):
-    db = str(tmp_path / "lockstep.db")
-    # A clean environment: nothing from the developer's shell may enable a provider.
-    env = {k: None for k in os.environ if k.startswith("LOCKSTEP_")}
-
-    def run(*args: str) -> tuple[int, str, str]:
-        result = runner.invoke(app, ["--db", db, *args], env=env)
-        return result.exit_code, result.stdout, result.stderr
-
-    return run
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,9 @@ import json
 from pathlib import Path
 
 from broker.probe import run_probe
-from tests.benchmarks.test_bench_record import invoke  # noqa: F401  (the fixture: the CLI over a temp store)
 
 
-def test_record_of_a_probe_with_no_gpu_is_unhealthy(invoke, tmp_path: Path) -> None:  # noqa: F811
+def test_record_of_a_probe_with_no_gpu_is_unhealthy(invoke, tmp_path: Path) -> None:
     doc = run_probe(quick=True, disk_dir=str(tmp_path))
     doc.update(gpus=[], nvidia_smi={"available": False})  # what a GPU node whose driver is gone reports
     path = tmp_path / "probe.json"

@@ -8,28 +8,15 @@ The pool filled is the cluster's L40S node (gpu-node5), by a blocker job of this
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from broker.models import AllocationState, JobState, month_start
-from providers.slurm.config import SlurmConfig
 from tests.plugins.slurm import SlurmCluster
 from tests.slurm.test_runtime import SlurmBroker
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.slurm
-
-
-@pytest.fixture
-async def broker(tmp_path: Path, slurm_config: SlurmConfig, slurm_installation: str) -> AsyncIterator[SlurmBroker]:
-    b = SlurmBroker(tmp_path, slurm_config, slurm_installation)
-    await b.svc.refresh()
-    yield b
-    for alloc in await b.slurm.owned():
-        await b.slurm.release(alloc)
-    await b.svc.aclose()
 
 
 async def _async(value: object) -> object:

@@ -6,30 +6,16 @@ the same job is staged (what its launch does first, as after a requeue while att
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 from pydantic import SecretStr
 
 from broker.models import JobState
 from providers.runtime.manifest import RunRequest
-from providers.slurm.config import SlurmConfig
 from tests.plugins.slurm import SlurmCluster
 from tests.slurm.test_runtime import SlurmBroker, slurm_job
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.slurm
-
-
-@pytest.fixture
-async def broker(tmp_path: Path, slurm_config: SlurmConfig, slurm_installation: str) -> AsyncIterator[SlurmBroker]:
-    b = SlurmBroker(tmp_path, slurm_config, slurm_installation)
-    await b.svc.refresh()
-    yield b
-    for alloc in await b.slurm.owned():
-        await b.slurm.release(alloc)
-    await b.svc.aclose()
 
 
 async def _async(value: object) -> object:

@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -94,16 +93,6 @@ class SlurmBroker:
 
     def where(self, job: Job) -> AttemptDir:
         return self.slurm.files.where(job.id, job.attempts)
-
-
-@pytest.fixture
-async def broker(tmp_path: Path, slurm_config: SlurmConfig, slurm_installation: str) -> AsyncIterator[SlurmBroker]:
-    b = SlurmBroker(tmp_path, slurm_config, slurm_installation)
-    await b.svc.refresh()
-    yield b
-    for alloc in await b.slurm.owned():  # nothing of this test left on the shared cluster
-        await b.slurm.release(alloc)
-    await b.svc.aclose()
 
 
 def out_lines(text: str, rank: int = 0) -> list[str]:

@@ -38,14 +38,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-async def ops(tmp_path: Path, slurm_config: SlurmConfig, slurm_installation: str,
-              slurm_cluster: SlurmCluster) -> AsyncIterator[SlurmBroker]:
-    b = SlurmBroker(tmp_path, slurm_config, slurm_installation)
-    await b.svc.refresh()
-    yield b
-    for alloc in await b.slurm.owned():  # nothing of this test left on the shared cluster
-        await b.slurm.release(alloc)
-    await b.svc.aclose()
+async def ops(broker: SlurmBroker, slurm_cluster: SlurmCluster) -> AsyncIterator[SlurmBroker]:
+    """The folder's broker (tests/slurm/conftest.py), and the node these tests drain resumed after."""
+    yield broker
     slurm_cluster.cli("scontrol", "update", f"nodename={NODE}", "state=resume", check=False)
 
 

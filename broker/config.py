@@ -641,6 +641,15 @@ class _Layers:
                     except ValueError as exc:
                         out.append(Problem(_dotted(key), str(exc), self.locate(key)[1]))
         file_layer = self.layers[3]
+        # A file checked where LOCKSTEP_DB (or --db) is set would pass on that value and fail where it runs
+        # without it (a Kubernetes ConfigMap checked on a laptop): its own database URL is checked too (issue 29).
+        winner = self.find(("db_url",))
+        if file_layer.has(("db_url",)) and winner is not None and winner[0] != "file":
+            own = file_layer.get(("db_url",))
+            why = db_url_problem(own) if isinstance(own, str) and own else ""
+            if why:
+                out.append(Problem("db_url", f"{why} (the file's own value; {winner[1]} overrides it here only)",
+                                   file_layer.origin(("db_url",))))
         for path, (ref, env) in SECRETS.items():
             if not file_layer.has(path) or file_layer.get(path) in (None, ""):
                 continue

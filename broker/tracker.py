@@ -47,6 +47,7 @@ from policies.risk import RiskKey, preemption_rates
 from policies.spikes import SPIKE_MARKETS, SPIKE_STATS, Spike, SpikeDetector, volatility_per_hour
 from providers.base import Provider
 from providers.capabilities import HasSpotPriceHistory, ListsNodes, Snapshot
+from providers.registry import MARKETS, configured, how_to_enable
 from providers.retry import retrying, with_retries
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,9 @@ class TrackReport(BaseModel):
     pruned: int = 0
     compacted: int = 0
     errors: list[str] = Field(default_factory=list)
+    # Markets this run did not poll, and why (not switched on, a snapshot, not asked): a run that stored
+    # nothing says so rather than printing an empty table (issue 29).
+    skipped: dict[str, str] = Field(default_factory=dict)
 
     @property
     def seen(self) -> int:
@@ -188,7 +192,7 @@ class Tracker:
     async def poll(self) -> TrackReport:
         """Collect, store, detect, housekeep. Callers hold the leader lock."""
         now = self.clock()
-        report = TrackReport(at=now)
+        report = TrackReport(at=now, skipped=self.skipped())
         collected = await self._collect(now, report)
         points = [p for pts in collected.values() for p in pts]
         horizon = now - timedelta(days=self.cfg.retention_days)
@@ -216,6 +220,19 @@ class Tracker:
             f", errors: {'; '.join(report.errors)}" if report.errors else "",
         )
         return report
+
+    def skipped(self) -> dict[str, str]:
+        """Every market a poll leaves out, with the reason a user can act on."""
+        out: dict[str, str] = {}
+        for name in MARKETS:
+            provider = self.providers.get(name)
+            if isinstance(provider, Snapshot):
+                out[name] = "a bundled price snapshot, not a live market: nothing to track (docs/catalog.md)"
+            elif provider is None and configured(self.settings, name):
+                out[name] = "switched on, but not asked this run (--provider)"
+            elif provider is None:
+                out[name] = f"not switched on: needs {how_to_enable(name) or MARKETS[name].section + '.enabled: true'}"
+        return out
 
     def _error(self, report: TrackReport, source: str, message: str) -> None:
         report.sources.setdefault(source, SourceReport()).errors.append(message)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from broker.gpus import GPU_SPECS
 from broker.models import NO_WORKLOAD_NOTE, JobSpec, OfferSource, Quote, source_label_at
 from broker.perf import job_hours, preemption_overhead, step_shape, transfer_hours
 from policies.assembly import assemblable, assemble
@@ -76,8 +77,12 @@ def _data_costs(book: OfferBook, spec: JobSpec, idx: np.ndarray) -> tuple[np.nda
 
 
 def _missing_models(book: OfferBook, spec: JobSpec) -> list[str]:
-    """Models the job accepts that no offer in the book is of."""
-    return [m for m in spec.gpu if book.gpu_code(m) is None]
+    """Models the job accepts that no offer in the book is of, leaving out a family's members when another
+    member it accepts is offered: `gpu: H100` expands to three models, and "no market offers H100-NVL"
+    before the real answer is noise (issue 29)."""
+    absent = [m for m in spec.gpu if book.gpu_code(m) is None]
+    offered_families = {GPU_SPECS[m].family for m in spec.gpu if m not in absent and m in GPU_SPECS}
+    return [m for m in absent if m not in GPU_SPECS or GPU_SPECS[m].family not in offered_families]
 
 
 # The pruned path (PrunedView, policies/book.py) pays off only on a large book (PRUNE_MIN_ROWS offers, and

@@ -109,7 +109,8 @@ MARKETS: dict[str, Market[Any]] = {
     "aws": Market("aws", AwsConfig, _aws, setup="aws.enabled: true and AWS credentials, e.g. AWS_PROFILE (docs/aws.md)",
                   notes=_aws_notes),
     "reserved": Market("aws", AwsConfig, _reserved,
-                       enabled=lambda s: s.enabled and (s.capacity_reservations or bool(s.reserved_pools))),
+                       enabled=lambda s: s.enabled and (s.capacity_reservations or bool(s.reserved_pools)),
+                       setup="aws.enabled: true and aws.capacity_reservations or aws.reserved_pools (docs/aws.md)"),
     "vast": Market("vast", VastConfig, _vast,
                    setup="vast.enabled: true and vast.api_key, e.g. LOCKSTEP_VAST_API_KEY (docs/vast.md)"),
 }

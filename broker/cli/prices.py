@@ -189,7 +189,7 @@ def history(
 
     c = get_ctx(ctx)
     series, spikes = with_store_or_server(c, read, read_remote)
-    if png:
+    if png and series:  # no points, no chart: an empty one would be dated 1970 (issue 29)
         write_png(png, series, spikes, now, f"{gpu or 'all GPUs'}: price since {start:%Y-%m-%d %H:%M} UTC")
     if json_out:
         render.print_json(sorted((p for s in series for p in s.points()), key=lambda p: p.at))
@@ -198,7 +198,9 @@ def history(
         render.console.print(
             f"no price points since {start:%Y-%m-%d %H:%M} UTC"
             + (f" for {gpu}" if gpu else "")
-            + " (run `lockstep prices track --once` first)"
+            + (f", so no chart written to {png}" if png else "")
+            + " (`lockstep prices track --once` stores the live markets' prices and says which it could not poll)",
+            markup=False, highlight=False,
         )
         return
     try:
@@ -333,12 +335,18 @@ def _report_table(report: Any) -> None:
     if not report.leader:
         render.console.print("another tracker holds the lock (a `lockstep serve` replica?): nothing polled")
         return
-    table = Table(title=f"Tracker run at {report.at:%Y-%m-%d %H:%M:%S} UTC")
-    for col in ("source", "seen", "stored", "errors"):
-        table.add_column(col, justify="right" if col in ("seen", "stored") else "left")
-    for name, s in sorted(report.sources.items()):
-        table.add_row(name, str(s.seen), str(s.stored), "; ".join(s.errors))
-    render.console.print(table)
+    if report.sources:
+        table = Table(title=f"Tracker run at {report.at:%Y-%m-%d %H:%M:%S} UTC")
+        for col in ("source", "seen", "stored", "errors"):
+            table.add_column(col, justify="right" if col in ("seen", "stored") else "left")
+        for name, s in sorted(report.sources.items()):
+            table.add_row(name, str(s.seen), str(s.stored), "; ".join(s.errors))
+        render.console.print(table)
+    else:
+        render.console.print(f"Tracker run at {report.at:%Y-%m-%d %H:%M:%S} UTC: no live market to poll, "
+                             "nothing stored")
+    for name, why in report.skipped.items():
+        render.console.print(f"not polled: {name}: {why}", markup=False, highlight=False)
     render.console.print(
         f"spikes opened {report.spikes_opened}, closed {report.spikes_closed}; pruned {report.pruned}, "
         f"compacted {report.compacted}"

@@ -98,6 +98,19 @@ def test_a_model_no_market_offers_is_an_answer_not_bad_input() -> None:
     assert q.options and q.notes == ["no market offers MI355X"]
 
 
+def test_a_family_member_missing_beside_an_offered_one_is_no_note() -> None:
+    """`gpu: H100` expands to SXM, NVL and PCIe: a book with only SXM offers says nothing about the other two
+    (issue 29: "no market offers H100-NVL" led the summary); with no member offered, all of them are named."""
+    sxm_only = OfferBook.build([o for o in catalog_offers() if o.gpu == "H100-SXM"])
+    spec = parse_spec({"name": "h", "gpu": "H100:8", "workload": {"hours": 1}})
+    assert len(spec.gpu) == 3
+    q = quote(sxm_only, spec, now=NOW)
+    assert q.options and q.notes == []
+    no_h100 = OfferBook.build([o for o in catalog_offers() if not o.gpu.startswith("H100")])
+    q = quote(no_h100, spec, now=NOW)
+    assert q.options == [] and q.notes == [f"no market offers {', '.join(spec.gpu)}"]
+
+
 # --------------------------------------------------------------------------- runtimes
 
 

@@ -3,7 +3,7 @@ pending jobs, on SQLite and on PostgreSQL, beside a floor measured in the same r
 
     python bench/place.py [--sizes 1000,10000] [--backends sqlite,postgres] [--runs 1]
 
-The market is an in-memory provider that answers at once (tests/broker/memory.py's, with a dict by
+The market is an in-memory provider that answers at once (standins/memory.py's, with a dict by
 client token for its idempotency): what is timed is Lockstep's work, i.e.
 ranking, the budget check, the claim (pending → placing under the row lock), the attempt counter, the
 allocation intent, recording the launch and placing → provisioning, each a write transaction, as in
@@ -43,7 +43,7 @@ from broker.service import Lockstep
 from broker.service.runtime import new_job_id
 from broker.store import Store
 from providers.base import LaunchRequest
-from tests.broker.memory import MemoryProvider, offer, spec
+from standins.memory import MemoryProvider, offer, spec
 
 PG = "postgresql+psycopg://postgres@127.0.0.1:5432"
 

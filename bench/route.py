@@ -1,6 +1,6 @@
 """Jobs placed per second, end to end, against the local providers.
 
-Starts the local Vast API server (tests/vastapi) in this process and moto's
+Starts the local Vast API server (standins/vastapi) in this process and moto's
 ThreadedMotoServer (EC2) on loopback, opens an SQLite store in a temporary
 directory, submits N one-GPU jobs (half for Vast, half for AWS on-demand), then
 runs placement passes (``Lockstep.place_now``: rank, claim, intent, launch,
@@ -54,7 +54,7 @@ def pct(values: list[float], q: float) -> float:
 async def run(n: int, vast_share: float) -> None:
     from moto.server import ThreadedMotoServer
 
-    from tests.vastapi.server import VastApiServer
+    from standins.vastapi.server import VastApiServer
 
     os.environ.update(DUMMY_AWS)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto logs one line per request otherwise

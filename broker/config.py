@@ -142,7 +142,7 @@ class TrackerConfig(Section):
 
 
 class HealthConfig(Section):
-    """The health gates' limits: policies.health.HealthThresholds' defaults (tests/foundation/test_settings_bounds.py
+    """The health gates' limits: policies.health.HealthThresholds' defaults (tests/broker/test_settings_bounds.py
     holds them equal; configuration does not import policies)."""
 
     # below 70% of datasheet → unhealthy

@@ -17,14 +17,17 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("broker", "providers", "policies")
 
 
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
 def _modules() -> dict[str, Path]:
     out: dict[str, Path] = {}
     for pkg in PACKAGES:
         for path in (ROOT / pkg).rglob("*.py"):
             if "migrations" in path.parts:
                 continue
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-            out[name] = path
+            out[_module_name(path)] = path
     return out
 
 
@@ -40,28 +43,29 @@ def _resolve(name: str) -> str | None:
     return None
 
 
-def _imports(path: Path, module: str) -> set[str]:
-    """Every project module ``module`` imports, anywhere in the file (function bodies and TYPE_CHECKING too)."""
+def _imported_names(path: Path, module: str) -> set[str]:
+    """Every name the file imports, absolute (``from .x import y`` in ``a.b`` → ``a.x.y`` and ``a.x``), anywhere in
+    the file (function bodies and TYPE_CHECKING too)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     found: set[str] = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parent = package.split(".")
                 parent = parent[: len(parent) - node.level + 1]
                 base = ".".join([*parent, base] if base else parent)
-            names = [f"{base}.{a.name}" for a in node.names] + [base]
-        else:
-            continue
-        for name in names:
-            target = _resolve(name)
-            if target is not None and target != module:
-                found.add(target)
+            found.update([f"{base}.{a.name}" for a in node.names] + [base])
     return found
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Every project module ``module`` imports, anywhere in the file (function bodies and TYPE_CHECKING too)."""
+    targets = {_resolve(name) for name in _imported_names(path, module)}
+    return {t for t in targets if t is not None and t != module}
 
 
 GRAPH = {m: _imports(p, m) for m, p in MODULES.items()}
@@ -317,3 +321,38 @@ def test_allocation_rows_are_written_only_by_the_ledger() -> None:
     assert not found, "allocation rows are written only by broker/ledger.py:\n" + "\n".join(found)
     # and the check would see one: the ledger itself writes through these names
     assert _allocation_writes(MODULES["broker.ledger"])
+
+
+# --------------------------------------------------------------------------- stand-ins and benchmarks (issue 29)
+
+
+def _reaches(folder: str, into: str) -> list[str]:
+    """Each module under ``folder`` (bench, standins) that imports ``into`` or one of its modules."""
+    found = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        names = _imported_names(path, _module_name(path))
+        found += [f"{path.relative_to(ROOT)} imports {n}" for n in sorted(names)
+                  if n == into or n.startswith(into + ".")]
+    return found
+
+
+def test_bench_imports_nothing_from_tests() -> None:
+    """bench/ measures the product: what it shares with the tests (a local Vast API, an in-memory market) lives in
+    standins/, not in the test suite."""
+    found = _reaches("bench", "tests")
+    assert not found, "bench/ importing the test suite (move what it needs to standins/):\n" + "\n".join(found)
+    assert _reaches("bench", "standins")  # and the check would see one: bench/ imports the stand-ins
+
+
+def test_the_standins_import_nothing_from_tests() -> None:
+    found = _reaches("standins", "tests")
+    assert not found, "standins/ importing the test suite:\n" + "\n".join(found)
+    assert _reaches("standins", "standins")  # and the check would see one: the Vast server imports its offers
+
+
+def test_the_product_imports_no_standin() -> None:
+    """standins/ is for the tests and bench/ only: broker/, providers/ and policies/ never import it (it is not in
+    the wheel)."""
+    found = sorted(f"{path.relative_to(ROOT)} imports {n}" for m, path in MODULES.items()
+                   for n in _imported_names(path, m) if n == "standins" or n.startswith("standins."))
+    assert not found, "the product importing a stand-in:\n" + "\n".join(found)

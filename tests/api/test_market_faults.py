@@ -20,7 +20,7 @@ from broker.models import Role
 from broker.service import Lockstep
 from broker.store import Store
 from providers.vast import VastProvider
-from tests.vastapi.server import Faults, VastApiServer
+from standins.vastapi.server import Faults, VastApiServer
 
 
 @dataclass

@@ -24,9 +24,9 @@ from broker.service import Lockstep
 from broker.specs import parse_spec
 from broker.store import Store, open_store
 from broker.webhooks import SIGNATURE_HEADER, check_url, sign, verify_signature
+from standins.memory import NOW
 from tests.api.conftest import Api, spec
 from tests.api.served import Served
-from tests.broker.memory import NOW
 
 SECRET = "whsec-test-0123456789abcdef"
 

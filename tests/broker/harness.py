@@ -23,9 +23,9 @@ from broker.service import Lockstep
 from broker.specs import parse_spec
 from broker.store import Store
 from providers.base import OWNER_TAG
+from standins.vastapi.server import VastApiServer, VastState
 from tests.plugins.moto import FaultProxy
 from tests.plugins.vast import VAST_TEST_KEY
-from tests.vastapi.server import VastApiServer, VastState
 
 ROOT = Path(__file__).resolve().parents[2]
 LIVE = (AllocationState.intent, AllocationState.pending, AllocationState.running, AllocationState.unknown)

@@ -21,7 +21,7 @@ from broker.router import Router
 from broker.store import Store
 from policies.budget import Standing, alert_due
 from providers.capabilities import SignalsJobs
-from tests.broker.memory import NOW, MemoryProvider, offer, spec
+from standins.memory import NOW, MemoryProvider, offer, spec
 
 GRACE_S = 120.0
 

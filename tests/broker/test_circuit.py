@@ -1,7 +1,7 @@
 """Each provider's circuit breaker (broker/market.py) and what the router and the loops do with it, and the
 placement limits (broker/lifecycle.py, called from broker/loops.py).
 
-The breaker's own rules over an injected clock; then over an in-memory market (tests/broker/memory.py) and a
+The breaker's own rules over an injected clock; then over an in-memory market (standins/memory.py) and a
 real store on both backends. The same against the local Vast API, over ten simulated minutes: test_outage.py.
 """
 
@@ -22,7 +22,7 @@ from broker.models import Job, JobState
 from broker.service import Lockstep
 from broker.store import Store
 from providers.slurm.config import SlurmConfig
-from tests.broker.memory import NOW, MemoryProvider, offer, placed_job, spec
+from standins.memory import NOW, MemoryProvider, offer, placed_job, spec
 
 
 class Clock:

@@ -28,9 +28,9 @@ from broker.service import Lockstep
 from broker.store import Store
 from providers.vast import VastProvider
 from providers.vast.config import VastConfig
+from standins.vastapi.server import VastApiServer
 from tests.broker.harness import Brokers, audit, child_env, launches, submit_jobs
 from tests.plugins.moto import FaultProxy
-from tests.vastapi.server import VastApiServer
 
 JOBS = 100
 

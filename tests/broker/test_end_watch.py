@@ -22,7 +22,7 @@ from broker.specs import parse_spec
 from broker.store import Store
 from providers.vast import VastProvider
 from providers.vast.config import VastConfig
-from tests.vastapi.server import VastApiServer
+from standins.vastapi.server import VastApiServer
 from tests.waiting import eventually
 
 INSTALLATION = "endwatch"

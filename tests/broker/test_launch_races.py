@@ -20,8 +20,8 @@ from broker.service import Lockstep
 from broker.specs import parse_spec
 from broker.store import Store
 from providers.vast import VastProvider
+from standins.vastapi.server import VastApiServer
 from tests.broker.conftest import wait_for
-from tests.vastapi.server import VastApiServer
 
 INSTALLATION = "race-test"
 

@@ -1,6 +1,6 @@
 """The job lifecycle (broker/lifecycle.py): claims, and what a provider's poll answer means for a job.
 
-Over an in-memory market (tests/broker/memory.py) and a real store on both backends. The same rules
+Over an in-memory market (standins/memory.py) and a real store on both backends. The same rules
 against the real markets: test_e2e.py (a spot instance terminated at moto requeues its job).
 """
 
@@ -12,7 +12,7 @@ from broker.errors import ProviderError
 from broker.lifecycle import JobLifecycle
 from broker.models import Allocation, AllocationState, ExitReason, Job, JobExit, JobState
 from broker.store import Store
-from tests.broker.memory import NOW, MemoryProvider, offer, placed_job, router_over, spec, submit_and_place
+from standins.memory import NOW, MemoryProvider, offer, placed_job, router_over, spec, submit_and_place
 
 
 class Clock:

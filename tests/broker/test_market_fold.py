@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from broker.market import Marketplace
 from broker.models import Locality, Market, Offer
 from policies.book import PRUNE_MIN_ROWS
-from tests.broker.memory import MemoryProvider
+from standins.memory import MemoryProvider
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 

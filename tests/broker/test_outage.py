@@ -1,6 +1,6 @@
 """A market that stays down: the broker backs off the provider as a whole and every job ends.
 
-The local Vast API (tests/vastapi) answers every call with 429/500 (or 401: a revoked key) for ten minutes of
+The local Vast API (standins/vastapi) answers every call with 429/500 (or 401: a revoked key) for ten minutes of
 *simulated* time: the service, the market, the router and the loops all read one injected clock, which the
 test moves on in 5 s steps (the loops' own cadence: refresh every 60 s, place and poll every step). Nothing
 sleeps. What is counted is what the provider received (its request log), so the bound is on real calls.
@@ -22,7 +22,7 @@ from broker.service import Lockstep
 from broker.specs import parse_spec
 from broker.store import Store
 from providers.vast import VastProvider
-from tests.vastapi.server import Faults, VastApiServer
+from standins.vastapi.server import Faults, VastApiServer
 
 STEP_S = 5
 REFRESH_S = 60

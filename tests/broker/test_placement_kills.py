@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from broker.models import JobState
+from standins.vastapi.server import VastApiServer
 from tests.broker.harness import ROOT, Brokers, audit, child_env, submit_jobs
-from tests.vastapi.server import VastApiServer
 
 # (flag, K): killed after the K-th write committed, or just before the K-th write (after what came between).
 KILL_POINTS = [("--after", 1), ("--after", 2), ("--before", 3), ("--after", 3)]

@@ -11,7 +11,7 @@ from broker.loops import POLLING_AT_ONCE, BrokerLoops
 from broker.market import Marketplace
 from broker.models import Allocation, AllocationState, AllocationStatus, JobExit, JobState
 from broker.store import Store
-from tests.broker.memory import MemoryProvider, clock, offer, router_over, submit_and_place
+from standins.memory import MemoryProvider, clock, offer, router_over, submit_and_place
 
 
 class GatheredPolls(MemoryProvider):

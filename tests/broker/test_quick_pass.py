@@ -8,7 +8,7 @@ from broker.models import Job, JobState, utcnow
 from broker.service import Lockstep
 from broker.service.runtime import new_job_id
 from broker.store import Store
-from tests.broker.memory import MemoryProvider, offer, spec
+from standins.memory import MemoryProvider, offer, spec
 
 
 async def test_a_quick_pass_places_what_was_submitted_here_and_a_full_pass_the_rest(store: Store) -> None:

@@ -11,7 +11,7 @@ from broker.lifecycle import JobLifecycle
 from broker.models import AllocationState, JobState, Locality, Market
 from broker.store import Store
 from providers.runtime.logs import exit_from_status
-from tests.broker.memory import NOW, MemoryProvider, offer, placed_job, router_over, submit_and_place
+from standins.memory import NOW, MemoryProvider, offer, placed_job, router_over, submit_and_place
 
 
 async def test_a_pending_job_names_the_unhealthy_nodes(store: Store) -> None:

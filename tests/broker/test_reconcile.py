@@ -12,7 +12,7 @@ from broker.lifecycle import JobLifecycle
 from broker.models import Allocation, AllocationState, Job, JobState, utcnow
 from broker.reconcile import reconcile
 from broker.store import Store
-from tests.broker.memory import NOW, MemoryProvider, clock, placed_job, spec
+from standins.memory import NOW, MemoryProvider, clock, placed_job, spec
 
 
 async def claimed(store: Store, job_id: str) -> Job:

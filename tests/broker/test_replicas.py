@@ -25,9 +25,9 @@ from broker.reconcile import reconcile
 from broker.store import Store
 from providers.vast import VastProvider
 from providers.vast.config import VastConfig
+from standins.vastapi.server import VastApiServer
 from tests.broker.harness import Brokers, audit, child_env, submit_jobs
 from tests.plugins.moto import FaultProxy
-from tests.vastapi.server import VastApiServer
 
 JOBS = 200
 

@@ -1,4 +1,4 @@
-"""The router's failover logic, over in-memory markets (tests/broker/memory.py) and a real store (SQLite
+"""The router's failover logic, over in-memory markets (standins/memory.py) and a real store (SQLite
 and PostgreSQL: the ``store`` fixture).
 
 Which offer comes next after an error, when a provider is skipped, the try cap, the intent written before
@@ -19,7 +19,7 @@ from broker.models import AllocationState, Job, JobState, Market, QuoteOption
 from broker.router import PlacementResult, Router
 from broker.store import Store
 from providers.base import LaunchRequest
-from tests.broker.memory import MemoryProvider, offer, router_over, submit_and_place
+from standins.memory import MemoryProvider, offer, router_over, submit_and_place
 
 TRY_KEYS = ["offer_id", "provider", "sku", "zone", "market", "error", "kind"]
 

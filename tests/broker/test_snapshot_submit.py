@@ -1,7 +1,7 @@
 """Submitting where the only options are snapshot prices, with a market configured (tests/api/test_snapshot_jobs.py
 covers the catalog-only installation through the API and the CLI).
 
-The AWS market here is the in-memory one of tests/broker/memory.py under the name "aws", beside the real bundled
+The AWS market here is the in-memory one of standins/memory.py under the name "aws", beside the real bundled
 catalog: what is tested is the service's rule, not an adapter.
 """
 
@@ -18,7 +18,7 @@ from broker.models import OfferSource
 from broker.service import Lockstep
 from providers.base import OfferQuery
 from providers.catalog import CatalogProvider
-from tests.broker.memory import MemoryProvider, clock, offer, spec
+from standins.memory import MemoryProvider, clock, offer, spec
 
 AWS_ONLY = {"providers": ["aws"], "gpu": "A10G", "markets": ["on_demand"]}
 

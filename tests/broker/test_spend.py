@@ -29,7 +29,7 @@ from broker.models import (
 from broker.secrets import SecretSources
 from broker.store import Store
 from providers.capabilities import HasJobLogs
-from tests.broker.memory import NOW, MemoryProvider, offer, placed_job, router_over, submit_and_place
+from standins.memory import NOW, MemoryProvider, offer, placed_job, router_over, submit_and_place
 
 
 class Clock:

@@ -1,5 +1,5 @@
 """Local mode is always following: `lockstep submit` without a server starts (or reuses) the background broker,
-which follows the job to its end with no other command, on the local Vast-API server (tests/vastapi).
+which follows the job to its end with no other command, on the local Vast-API server (standins/vastapi).
 
 - A job whose command exits 3: after `submit` and no other command, its instance is destroyed, the job ends
   `failed` with exit code 3 and its spend is booked.
@@ -28,8 +28,8 @@ import yaml
 from broker.cli import localbroker
 from broker.models import TERMINAL_STATES, Allocation, Job, JobState
 from broker.store import Store, open_store
+from standins.vastapi.server import VastApiServer
 from tests.plugins.vast import VAST_TEST_KEY
-from tests.vastapi.server import VastApiServer
 from tests.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]

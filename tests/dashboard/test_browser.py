@@ -27,8 +27,8 @@ from broker.service import Lockstep
 from broker.store import Store
 from providers.vast import VastProvider
 from providers.vast.config import VastConfig
+from standins.vastapi.server import VastApiServer
 from tests.conftest import missing
-from tests.vastapi.server import VastApiServer
 from tests.waiting import eventually
 
 webdriver = pytest.importorskip("selenium.webdriver")

@@ -1,4 +1,4 @@
-"""pytest fixtures: the local Vast-API server (tests/vastapi), started once per session on a free loopback port.
+"""pytest fixtures: the local Vast-API server (standins/vastapi), started once per session on a free loopback port.
 
 - ``vast_server``: the running server (session); ``vast_server.state`` holds its market, rentals, request log
   and faults.
@@ -15,7 +15,7 @@ import pytest
 from pydantic import SecretStr
 
 from providers.vast.config import VastConfig
-from tests.vastapi.server import VastApiServer
+from standins.vastapi.server import VastApiServer
 
 VAST_TEST_KEY = "vast-test-key-0f3c9a7e51d2"
 

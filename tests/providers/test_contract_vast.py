@@ -1,4 +1,4 @@
-"""The kit against the local Vast API server (tests/vastapi)."""
+"""The kit against the local Vast API server (standins/vastapi)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The broker's side of the wrapper's heartbeat (issue 27): a running allocation whose wrapper stopped beating is
 released and its job requeued at the next poll; one that beats, or never beat, is left alone.
 
-Over the in-memory market (tests/broker/memory.py) with the heartbeat capability, a real store on both
+Over the in-memory market (standins/memory.py) with the heartbeat capability, a real store on both
 backends, and an injected clock.
 """
 
@@ -13,7 +13,7 @@ from broker.lifecycle import JobLifecycle
 from broker.models import Allocation, AllocationState, JobState
 from broker.store import Store
 from providers.capabilities import HasHeartbeat
-from tests.broker.memory import NOW, MemoryProvider, offer, router_over, submit_and_place
+from standins.memory import NOW, MemoryProvider, offer, router_over, submit_and_place
 
 
 class BeatingMarket(HasHeartbeat, MemoryProvider):

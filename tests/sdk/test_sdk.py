@@ -1,5 +1,5 @@
 """The SDK (broker/sdk.py) against a real `lockstep serve` process on loopback, its jobs run on the local Vast-API
-server (tests/vastapi): submit → follow the log → the exit code → the spend; a spec error raises the SDK's
+server (standins/vastapi): submit → follow the log → the exit code → the spend; a spec error raises the SDK's
 SpecError naming the field; a submission whose answer was lost is retried with its idempotency key and returns
 the same job (a loopback proxy in front of the server loses the first answer); the blocking Client does what
 the AsyncClient does; a job's state changes arrive through ``events(follow=True)`` and again from a cursor.
@@ -24,8 +24,8 @@ from broker.api import start_server
 from broker.models import TERMINAL_STATES, Job, JobState, Role, StreamEvent
 from broker.sdk import ApiError, AsyncClient, Client, NotFoundError, SpecError, Unreachable
 from broker.store import open_store
+from standins.vastapi.server import VastApiServer
 from tests.plugins.vast import VAST_TEST_KEY
-from tests.vastapi.server import VastApiServer
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""The logs service over a market in memory (tests/broker/memory.py) and a real store on both backends: the
+"""The logs service over a market in memory (standins/memory.py) and a real store on both backends: the
 broker masks secret values again when it serves a log (whatever the wrapper did), merges a multi-node job's
 nodes by time, and says clearly when a market serves no logs. The same against the real markets:
 tests/vast/test_logs_spend.py, tests/runtime/test_aws_logs_spend.py."""
@@ -16,7 +16,7 @@ from broker.service import Lockstep
 from broker.service.logs import merge
 from broker.store import Store
 from providers.capabilities import HasJobLogs
-from tests.broker.memory import MemoryProvider, offer, spec
+from standins.memory import MemoryProvider, offer, spec
 
 SECRET = "pl41n-s3cret-0b9e"
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from broker.cli import main
+from standins.vastapi.server import VastApiServer
 from tests.conftest import ROOT
 from tests.plugins.vast import VAST_TEST_KEY
 from tests.tracker.test_tracker_vast import scale
-from tests.vastapi.server import VastApiServer
 
 TSV = "spot/aws-spot-prices-2022-05-31-gpu.tsv"
 

@@ -16,7 +16,7 @@ from broker.store import Store, open_store
 from broker.tracker import Tracker
 from providers.vast import VastProvider
 from providers.vast.config import VastConfig
-from tests.vastapi.server import VastApiServer
+from standins.vastapi.server import VastApiServer
 
 
 def all_offers(cfg: VastConfig) -> VastConfig:

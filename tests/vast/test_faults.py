@@ -12,9 +12,9 @@ from broker.errors import CapacityError, ProviderAuthError, QuotaError, Transien
 from broker.models import AllocationState, Market
 from providers.base import OfferQuery
 from providers.vast import VastProvider
+from standins.vastapi.server import Faults
 from tests.plugins.vast import VAST_TEST_KEY
 from tests.vast.helpers import launch_request
-from tests.vastapi.server import Faults
 
 QUERY = OfferQuery(gpus=["RTX-4090"], markets=[Market.on_demand], disk_gb=50)
 

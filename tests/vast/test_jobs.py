@@ -26,8 +26,8 @@ from broker.store import Store
 from providers.runtime.logs import parse_log
 from providers.vast import VastProvider
 from providers.vast.config import VastConfig
+from standins.vastapi.server import VastApiServer
 from tests.broker.conftest import wait_for
-from tests.vastapi.server import VastApiServer
 from tests.waiting import eventually
 
 SECRET = "hf_s3cr3t-v4lue-9e1f0c2b7a"  # what must appear nowhere the broker keeps or says

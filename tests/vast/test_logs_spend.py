@@ -31,7 +31,7 @@ from broker.service import Lockstep
 from broker.store import Store
 from providers.vast import VastProvider
 from providers.vast.config import VastConfig
-from tests.vastapi.server import VastApiServer
+from standins.vastapi.server import VastApiServer
 from tests.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,11 +23,11 @@ from providers.runtime.logs import parse_log
 from providers.vast import VastProvider
 from providers.vast.config import VastConfig
 from providers.vast.requests import member_label, parse_label
+from standins.vastapi.server import Faults, VastApiServer, free_port
 from tests.broker.conftest import wait_for
 from tests.runtime.barrier import SCRIPT as BARRIER_SCRIPT
 from tests.runtime.barrier import check_barrier
 from tests.vast.test_jobs import INSTALLATION, Broker, open_broker
-from tests.vastapi.server import Faults, VastApiServer, free_port
 
 
 def _local_machines(vast: VastApiServer) -> None:

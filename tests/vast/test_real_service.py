@@ -12,8 +12,8 @@ from providers.base import OfferQuery
 from providers.retry import Throttled
 from providers.vast import VastProvider
 from providers.vast.client import LIST_PAGE
+from standins.vastapi.server import LIST_LIMIT_MAX, Faults
 from tests.vast.helpers import launch_request
-from tests.vastapi.server import LIST_LIMIT_MAX, Faults
 
 
 async def _offers(vast: VastProvider, n: int):

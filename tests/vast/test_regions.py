@@ -17,7 +17,7 @@ from providers.base import OfferQuery
 from providers.vast import VastProvider
 from providers.vast.config import VastConfig
 from providers.vast.offers import country_of
-from tests.vastapi.server import VastApiServer
+from standins.vastapi.server import VastApiServer
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 

@@ -8,7 +8,7 @@ from broker.models import Colocate, Fabric, Market
 from providers.base import OfferQuery, matches
 from providers.vast import VastProvider
 from providers.vast.offers import HOURS_PER_MONTH, VAST_NAMES
-from tests.vastapi.offers import DEFAULT_ANCHORS, MODELS, catalog_anchors
+from standins.vastapi.offers import DEFAULT_ANCHORS, MODELS, catalog_anchors
 
 
 async def test_search_pushes_filters_down_and_returns_only_matching_offers(vast_api, vast_config):

@@ -14,9 +14,9 @@ from broker.models import Market
 from providers.base import OfferQuery
 from providers.vast import VastProvider
 from providers.vast.config import VastConfig
+from standins.vastapi.server import VastApiServer, free_port
 from tests.conftest import ROOT
 from tests.plugins.vast import VAST_TEST_KEY
-from tests.vastapi.server import VastApiServer, free_port
 from tests.waiting import eventually
 
 AUTH = {"Authorization": f"Bearer {VAST_TEST_KEY}"}
@@ -53,7 +53,7 @@ async def test_cli_style_query_with_numbers_as_strings(vast_api):
 async def test_standalone_server_serves_the_adapter():
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.vastapi.server", "--port", str(port), "--api-key", "standalone-key",
+        sys.executable, "-m", "standins.vastapi.server", "--port", str(port), "--api-key", "standalone-key",
         "--count", "60", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT,
     )
     try:

@@ -23,7 +23,7 @@ from broker.errors import (
     TransientError,
     error_from_api,
 )
-from tests.foundation.test_cli import root_with
+from tests.cli.test_cli import root_with
 
 # (error, HTTP status, API code, message a client reads, field, CLI exit code): the contract of README and docs/api.md.
 CASES = [
@@ -56,7 +56,7 @@ def test_the_cli_exits_with_the_class_code_and_one_line(exc: LockstepError, stat
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     _RAISE[:] = [exc]
     with pytest.raises(SystemExit) as done:
-        main(["boom"], root_with(Command("boom", "tests.foundation.test_errors:_boom", "Raise.")))
+        main(["boom"], root_with(Command("boom", "tests.broker.test_errors:_boom", "Raise.")))
     assert done.value.code == exit_code
     err = capsys.readouterr().err
     assert err == f"lockstep: {exc}\n"

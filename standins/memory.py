@@ -1,8 +1,8 @@
 """An in-memory market that implements the provider interface, for the router's, the lifecycle's and
 reconciliation's own logic (which offer next, which state next, what to adopt or release).
 
-It is not a stand-in for any real market: the adapters are tested against their real parts (tests/aws,
-tests/vast, tests/slurm). It keeps what it has launched, honours the idempotency token, and can be told to
+It imitates no real market: the adapters are tested against their real parts (tests/aws, tests/vast,
+tests/slurm). It keeps what it has launched, honours the idempotency token, and can be told to
 refuse a launch, fail after the launch went through, or fail to list what it holds.
 """
 

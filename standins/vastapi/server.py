@@ -3,7 +3,7 @@
 Implements what Lockstep's adapter calls, as Vast's official CLI calls it (shared/vast-api-notes.md):
 
 - ``POST /api/v0/bundles/`` (and ``PUT /api/v0/search/asks/`` with ``{"q": ...}``): a search over a deterministic
-  market (tests/vastapi/offers.py), with the query operators eq/neq/gt/gte/lt/lte/in/notin, ``order``, ``limit``,
+  market (standins/vastapi/offers.py), with the query operators eq/neq/gt/gte/lt/lte/in/notin, ``order``, ``limit``,
   ``type`` (on-demand | bid | reserved) and ``allocated_storage`` (GiB, priced into ``dph_total``). Numbers may
   come as strings ("0.99"), as the CLI sends them. ``geolocation`` is matched on its country code, as users query it.
 - ``PUT /api/v0/asks/{id}/``: rent an ask → ``{"success": true, "new_contract": N}``; a rented or unknown ask
@@ -41,7 +41,7 @@ JSON answers say ``Content-Type: application/json`` exactly; the instance list r
 an args launch runs ``entrypoint`` (else ``onstart``, as the CLI sends it); each ``-p A:B`` of a create's ``env``
 gets a random external port (``ports``, ``VAST_TCP_PORT_B``), ``-p 70000:70000`` and above the identity form.
 
-Standalone: ``python -m tests.vastapi.server --port 8765 --api-key KEY`` then point ``LOCKSTEP_VAST_URL`` at it.
+Standalone: ``python -m standins.vastapi.server --port 8765 --api-key KEY`` then point ``LOCKSTEP_VAST_URL`` at it.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ import atexit
 import base64
 import copy
 import json
+import operator
 import os
 import random
 import secrets
@@ -67,7 +68,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.vastapi.offers import catalog_anchors, generate_offers
+from standins.vastapi.offers import catalog_anchors, generate_offers
 
 HOURS_PER_MONTH = 730.0
 DEFAULT_STORAGE_GIB = 5.0
@@ -479,7 +480,7 @@ def apply_order(rows: list[dict[str, Any]], order: list[Any]) -> list[dict[str, 
     for name, direction in reversed([(o[0], o[1] if len(o) > 1 else "asc") for o in order]):
         present = [r for r in rows if r.get(name) is not None]
         absent = [r for r in rows if r.get(name) is None]
-        present.sort(key=lambda r, n=name: r[n], reverse=direction == "desc")
+        present.sort(key=operator.itemgetter(name), reverse=direction == "desc")
         rows = present + absent
     return rows
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from broker.models import JobState
 from broker.service import Lockstep
 from broker.specs import parse_spec
-from tests.benchmarks.test_burnin import svc  # noqa: F401  (the fixture: a service over the local cluster)
+from tests.broker.test_burnin import svc  # noqa: F401  (the fixture: a service over the local cluster)
 from tests.waiting import eventually
 
 

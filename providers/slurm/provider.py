@@ -8,16 +8,18 @@ Transport, auth and version differences are the client's (:mod:`.client`, :mod:`
 :mod:`.api`); this module only sees flat shapes.
 
 Every launch runs the in-job wrapper on each node under ``srun`` (:mod:`.runtime`): its manifest, logs and
-exit statuses live in the pool's shared job directory (``slurm.job_dir``), which ``poll`` and ``job_log`` read.
+exit statuses live in the pool's shared job directory (``slurm.job_dir``), which ``poll``, ``job_log`` and
+``end_reported`` read.
 
-Capabilities: launches; drains and resumes nodes; lists its nodes; runs burn-in jobs; job logs.
+Capabilities: launches; drains and resumes nodes; lists its nodes; runs burn-in jobs; job logs; heartbeats; reports a
+command's end between polls (the wrapper's status file); Slurm's billing record; signals.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 import providers.slurm.api as api
@@ -31,6 +33,7 @@ from providers.capabilities import (
     HasJobLogs,
     KeepsBillingRecord,
     NodeUsage,
+    ReportsEnd,
     RunsBurnIn,
     SignalsJobs,
 )
@@ -74,8 +77,15 @@ _RESUMABLE_STATES = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "
 # itself (a new attempt, counted as a preemption), and gives this one back.
 _REQUEUED_FLAGS = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
 
+# The end watch (broker/loops.py) follows a reported end with a poll. When every node's command has ended but
+# Slurm still runs the job (the batch script finishing, the epilog: Slurm ends it by itself, uncancelled), that
+# poll answers ``running``; the end is then reported again after a growing wait (this, doubled each time, at most
+# END_REPORT_AGAIN_MAX_S), not on every look of the watch, so a lingering job costs few slurmrestd calls.
+END_REPORT_AGAIN_S = 0.5
+END_REPORT_AGAIN_MAX_S = 8.0
 
-class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, KeepsBillingRecord, SignalsJobs):
+
+class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, ReportsEnd, KeepsBillingRecord, SignalsJobs):
     """Slurm via slurmrestd. Thin: translate, call, normalise, map errors."""
 
     name = PROVIDER
@@ -86,6 +96,10 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, KeepsBill
         self.client = SlurmClient(config)
         self.files = JobFiles(config, installation)
         self._cancelled: set[str] = set()  # job ids this process cancelled (also marked in the comment)
+        # Allocation id → (when its end may be reported again, the wait before that): a poll saw every node's
+        # end while Slurm still ran the job (see END_REPORT_AGAIN_S).
+        self._ending: dict[str, tuple[float, float]] = {}
+        self.monotonic: Callable[[], float] = time.monotonic  # the clock of those waits
 
     def __repr__(self) -> str:
         return (f"SlurmProvider(url={self.config.url!r}, user={self.config.user!r}, "
@@ -235,6 +249,12 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, KeepsBill
         every node has ended, Slurm's own end is awaited (no cancel). A requeued or node-failed job answers
         ``preempted``: Lockstep requeues it as a new attempt, counted, with Slurm's reason.
         """
+        status = await self._poll(alloc)
+        if status.state is not AllocationState.running:
+            self._ending.pop(alloc.id, None)
+        return status
+
+    async def _poll(self, alloc: Allocation) -> AllocationStatus:
         job_id = self._job_id(alloc)
         job = await self.client.job(job_id)
         where = self._where(alloc)
@@ -264,6 +284,8 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, KeepsBill
                 # every node has ended, the job ends by itself within moments: no cancel.)
                 if end is not None and end.reason is not ExitReason.signal and len(statuses) < nodes:
                     return self._ended(end, hosts)
+                if end is not None:  # reported, but Slurm's end is awaited: the end watch asks again later
+                    self._report_again_later(alloc.id)
                 return AllocationStatus(state=state, reason=f"{job.state} {reason}".strip(), hosts=hosts,
                                         started_at=_span(job).start)
             if end is None:
@@ -274,6 +296,25 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, KeepsBill
             reason = f"{reason} exit={slurm_exit_code(job.exit_code)}".strip()
         return AllocationStatus(state=state, reason=f"{job.state} {reason}".strip(), hosts=hosts,
                                 started_at=_span(job).start if state is AllocationState.running else None)
+
+    def _report_again_later(self, alloc_id: str) -> None:
+        _, wait = self._ending.get(alloc_id, (0.0, END_REPORT_AGAIN_S / 2))
+        wait = min(wait * 2, END_REPORT_AGAIN_MAX_S)
+        self._ending[alloc_id] = (self.monotonic() + wait, wait)
+
+    async def end_reported(self, alloc: Allocation) -> bool:
+        """A node's wrapper has recorded this attempt's end: its exit status file in the attempt's own folder of
+        the shared job directory (files read in a thread; no slurmrestd call), by :func:`job_exit`'s rule, the
+        poll's (a failed node, the head node, or every node). Another attempt's folder never counts (each attempt
+        has its own, and a launch clears what an earlier submission of the same attempt left). After a poll that
+        still found Slurm running the job, False until :data:`END_REPORT_AGAIN_S`'s wait has passed."""
+        if not alloc.resource_ids:
+            return False
+        again = self._ending.get(alloc.id)
+        if again is not None and self.monotonic() < again[0]:
+            return False
+        nodes = max(alloc.nodes, 1)
+        return job_exit(await self.files.statuses(self._where(alloc), nodes), nodes) is not None
 
     async def signal(self, alloc: Allocation, name: str = "TERM") -> None:
         await self.client.signal(self._job_id(alloc), name)
@@ -300,6 +341,7 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, KeepsBill
     async def release(self, alloc: Allocation) -> None:
         job_id = self._job_id(alloc)
         self._cancelled.add(job_id)
+        self._ending.pop(alloc.id, None)
         await self.files.forget(self._where(alloc))  # the manifest holds the job's secret values
         job = await self.client.job(job_id)
         if job is None or job.finished:

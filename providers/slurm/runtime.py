@@ -245,6 +245,10 @@ def exit_without_status(code: int | None, state: str, log_text: str, batch_outpu
     return JobExit(exit_code=code if code else WRAPPER_FAILED, reason=reason, last_lines=[*lines, why][-10:])
 
 
+# What the wrapper writes of a run's state into the attempt's folder, one file per node (logs are kept).
+RUN_STATE_FILES = ("status-*.json", "heartbeat-*.json", "notice-*.json")
+
+
 class JobFiles:
     """The broker's side of the shared job directory: stage an attempt, read its logs and statuses back."""
 
@@ -258,6 +262,11 @@ class JobFiles:
     def _stage(self, where: AttemptDir, manifest: dict[str, Any]) -> None:
         where.path.mkdir(parents=True, exist_ok=True)
         where.checkpoints.mkdir(parents=True, exist_ok=True)
+        # A new submission of this attempt: what an earlier one left (its nodes' exit statuses, beats, notices)
+        # says nothing of the job about to run, and must not read as its end (poll, end_reported) or its beat.
+        for pattern in RUN_STATE_FILES:
+            for stale in where.path.glob(pattern):
+                stale.unlink(missing_ok=True)
         tmp = where.wrapper.with_suffix(".tmp")
         tmp.write_text(wrapper_source(), encoding="utf-8")
         os.replace(tmp, where.wrapper)

@@ -22,6 +22,7 @@ from tests.providers.kit import (
     LaunchesContract,
     ListsNodesContract,
     OffersContract,
+    ReportsEndContract,
     RunsBurnInContract,
     SignalsJobsContract,
     Subject,
@@ -39,7 +40,8 @@ def most_free(offers: list[Offer]) -> Offer:
 
 
 class TestSlurm(OffersContract, LaunchesContract, DrainsNodesContract, ListsNodesContract, RunsBurnInContract,
-                HasJobLogsContract, KeepsBillingRecordContract, SignalsJobsContract, HasHeartbeatContract):
+                HasJobLogsContract, KeepsBillingRecordContract, SignalsJobsContract, HasHeartbeatContract,
+                ReportsEndContract):
     provider_type = SlurmProvider
 
     @pytest.fixture

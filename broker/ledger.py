@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from broker.errors import ConflictError, ProviderError
-from broker.models import Allocation, AllocationState, JobSpec, billing_start, utcnow
+from broker.models import Allocation, AllocationState, JobSpec, Notice, billing_start, utcnow
 from providers.base import Provider
 from providers.capabilities import KeepsBillingRecord
 
@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 RELEASING = "releasing_at"  # attrs: when a release call began that has not been recorded yet (a crash's trace)
 STOP_AT = "stop_at"  # attrs: a stop for cost was signalled; the machines are released at this moment
 STOP_REASON = "stop_reason"  # attrs: why (a budget spent, the job's max_cost_usd)
+NOTICE_AT = "notice_at"  # attrs: when the market's interruption notice was heard (the allocation is draining)
+NOTICE_DEADLINE = "notice_deadline"  # attrs: when the market said it takes the machine
 # Allocation states in which the provider no longer runs anything for the job.
 ENDED = (AllocationState.released, AllocationState.failed, AllocationState.succeeded, AllocationState.preempted)
 
@@ -143,6 +145,17 @@ class Ledger:
         attrs = {**alloc.attrs, STOP_AT: at.isoformat(), STOP_REASON: reason}
         await asyncio.to_thread(self.store.update_allocation, alloc.id, attrs=attrs)
         return alloc.model_copy(update={"attrs": attrs})
+
+    async def supersede(self, alloc: Allocation, notice: Notice, reason: str) -> Allocation:
+        """A running allocation its market gave notice on: ``draining`` (no longer its job's live allocation,
+        so the replacement may be placed at once), the notice's deadline kept; only if it is still running
+        (ConflictError when another writer decided first)."""
+        attrs = {**alloc.attrs, NOTICE_AT: (notice.seen_at or self.clock()).isoformat()}
+        if notice.deadline is not None:
+            attrs[NOTICE_DEADLINE] = notice.deadline.isoformat()
+        await asyncio.to_thread(self.store.update_allocation, alloc.id, expected={AllocationState.running},
+                                state=AllocationState.draining, attrs=attrs, reason=reason)
+        return alloc.model_copy(update={"state": AllocationState.draining, "attrs": attrs, "reason": reason})
 
     # ------------------------------------------------------------------ the end
     async def releasing(self, alloc: Allocation) -> Allocation:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.errors import ConflictError, NotFoundError, ProviderError
 from broker.heartbeats import wrapper_silence
-from broker.ledger import ENDED, STOP_AT, STOP_REASON, Ledger
+from broker.ledger import ENDED, NOTICE_AT, NOTICE_DEADLINE, STOP_AT, STOP_REASON, Ledger
 from broker.models import (
     TERMINAL_STATES,
     Allocation,
@@ -39,13 +39,14 @@ from broker.models import (
     JobEvent,
     JobExit,
     JobState,
+    Notice,
     QuoteOption,
     as_utc,
     utcnow,
 )
 from broker.secrets import SecretSources, mask
 from providers.base import Provider
-from providers.capabilities import HasJobLogs, Launches, RunsBurnIn, SignalsJobs
+from providers.capabilities import HasJobLogs, HearsNotices, Launches, RunsBurnIn, SignalsJobs
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -58,6 +59,10 @@ GONE = (AllocationState.released,)
 # After a running attempt's release: how long its wrappers may take to log their end (the line below), and how
 # often its log is read meanwhile, before its log is kept again (Slurm signals the step a moment after scancel).
 FINAL_LOG_WAIT_S = 5.0
+# A draining allocation (superseded at the market's notice) is released by the broker this long after the
+# market's deadline if the market has not taken it by then, or this long after the notice where it gave none.
+DRAIN_GRACE = timedelta(seconds=30)
+DRAIN_WITHOUT_DEADLINE = timedelta(minutes=2)
 FINAL_LOG_POLL_S = 0.2
 WRAPPER_END = " lockstep command ended: "  # the wrapper's last log line (providers/runtime/wrapper.py finish)
 # Job states in which a job holds, or is getting, an allocation.
@@ -341,6 +346,9 @@ class JobLifecycle:
         if job.state in TERMINAL_STATES:
             await self._after_end(job, alloc, state, reason)
             return None
+        if alloc.state is AllocationState.draining:  # superseded: followed to its end, never moves its job
+            await self._follow_draining(alloc, state, reason)
+            return None
         alloc = await self.ledger.observe(alloc, state, reason, hosts, started_at, usd_per_hour)
         try:
             if state is AllocationState.running and overdue(job, alloc.attrs, self.clock()):
@@ -349,6 +357,9 @@ class JobLifecycle:
                 silent = await wrapper_silence(self.providers.get(alloc.provider), alloc, self.clock())
                 if silent:
                     return await self.requeue_preempted(job, alloc, silent)
+                notice = await self._notice(job, alloc)
+                if notice is not None:
+                    return await self.replace_at_notice(job, alloc, notice)
             if state in self._JUDGES_BURN_IN and job.spec.burn_in and self.burn_in is not None and isinstance(
                     self.providers.get(alloc.provider), RunsBurnIn):
                 bad = await self._burn_in_failure(job, alloc)
@@ -488,6 +499,52 @@ class JobLifecycle:
         bad = [b for b in await self.burn_in(job, alloc) if not b.healthy]
         return f"burn-in failed on {bad[0].target}: {bad[0].reason}" if bad else ""
 
+    # ------------------------------------------------------------------ interruption notices (issue 30)
+    async def _notice(self, job: Job, alloc: Allocation) -> Notice | None:
+        """The market's interruption notice for a running attempt of a job that resumes from checkpoints."""
+        provider = self.providers.get(alloc.provider)
+        if job.state is not JobState.running or not job.spec.interruptible or not isinstance(provider, HearsNotices):
+            return None
+        try:
+            return await provider.notice(alloc)
+        except ProviderError as exc:  # unreadable now: the next poll reads again
+            log.info("notice of %s not read: %s", alloc.id, exc)
+            return None
+
+    async def replace_at_notice(self, job: Job, alloc: Allocation, notice: Notice) -> JobState | None:
+        """Make before break: at the market's notice the allocation becomes ``draining`` (still billing, its
+        command checkpointing on the wrapper's signal) and the job is requeued at once, counted as a preemption,
+        so its replacement is placed now rather than after the machine is taken. A crash between the two writes
+        leaves a running job with no live allocation, which reconciliation requeues the same way."""
+        when = f", the machine goes at {notice.deadline:%H:%M:%S} UTC" if notice.deadline else ""
+        reason = (f"interruption notice from {alloc.provider}" + (f" ({notice.action})" if notice.action else "")
+                  + f"{when}: placed again now; this machine checkpoints until then")
+        try:
+            alloc = await self.ledger.supersede(alloc, notice, reason)
+        except ConflictError:
+            return None  # decided meanwhile (a release, a cancel): the next poll sees it
+        await self._move(job.id, JobState.preempted, reason,
+                         {"allocation": alloc.id, "notice": notice.model_dump(mode="json", exclude_none=True)},
+                         {JobState.running}, preemptions=job.preemptions + 1)
+        return (await self._move(job.id, JobState.pending,
+                                 f"requeued at the notice (preemption #{job.preemptions + 1}); resumes from its last "
+                                 "checkpoint", {}, {JobState.preempted})).state
+
+    async def _follow_draining(self, alloc: Allocation, state: AllocationState, reason: str) -> None:
+        """A superseded allocation: booked once the market takes it or its command ends (after its checkpoint);
+        given back by the broker if the market has not taken it shortly after its deadline."""
+        if state in GONE:
+            await self.ended(alloc, AllocationState.preempted, reason or "taken by the market after its notice")
+            return
+        if state in ENDED:
+            await self.release(alloc, "superseded at the notice: its command ended", state=AllocationState.preempted)
+            return
+        deadline = alloc.attrs.get(NOTICE_DEADLINE)
+        limit = (as_utc(deadline) + DRAIN_GRACE if deadline else
+                 as_utc(alloc.attrs.get(NOTICE_AT) or alloc.updated_at) + DRAIN_WITHOUT_DEADLINE)
+        if self.clock() >= limit:
+            await self.release(alloc, "superseded at the notice: its deadline passed", state=AllocationState.preempted)
+
     async def requeue_preempted(self, job: Job, alloc: Allocation, reason: str) -> JobState:
         """provisioning/running → preempted → pending: the allocation is given back (recorded as preempted, its
         cost booked), the preemption counted, and the job resumes from its checkpoint on the next placement."""
@@ -512,7 +569,8 @@ class JobLifecycle:
         """
         provider = self.providers.get(alloc.provider)
         if isinstance(provider, Launches) and (alloc.resource_ids or alloc.state is not AllocationState.intent):
-            was_running = alloc.state is AllocationState.running  # its command is stopped by this release
+            # Its command is stopped by this release (a draining one's too: its checkpoint's last lines).
+            was_running = alloc.state in (AllocationState.running, AllocationState.draining)
             alloc = await self.ledger.releasing(alloc)
             if isinstance(provider, HasJobLogs) and alloc.resource_ids:
                 try:

@@ -284,7 +284,7 @@ class BrokerLoops:
         The polls of one pass run concurrently (``POLLING_AT_ONCE`` at a time): a pass takes about one
         round trip to the slowest market, not one per allocation, so a command that ended is seen — and its
         machine released — within one poll interval however many allocations are live."""
-        allocs: list[Allocation] = await asyncio.to_thread(self.store.live_allocations)
+        allocs: list[Allocation] = await asyncio.to_thread(self.store.followed_allocations)  # draining too
         live = {a.id for a in allocs}
         self._closed.clear()  # only what the watch closes from now on was read live into this pass's list
         self._running = {k: v for k, v in self._running.items() if k in live}

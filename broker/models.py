@@ -68,7 +68,7 @@ def accrues(state: str, attrs: Mapping[str, str] | None) -> bool:
     """Is a live allocation being billed now? Once its market started it (running, or ``running_since`` set:
     the market's own start where it reports one); a job waiting in a market's queue (Slurm PENDING, EC2
     pending) costs nothing yet."""
-    return state == "running" or bool((attrs or {}).get("running_since"))
+    return state in ("running", "draining") or bool((attrs or {}).get("running_since"))
 
 
 # --------------------------------------------------------------------------- enums
@@ -190,6 +190,10 @@ class AllocationState(StrEnum):
     preempted = "preempted"
     released = "released"
     unknown = "unknown"
+    # Superseded at the market's interruption notice (issue 30): its job was requeued and placed again at once
+    # (make before break) while this machine, still billing, lets the command checkpoint until the market's
+    # deadline. Not live (the job's one live allocation is its replacement's); followed to its end and booked.
+    draining = "draining"
 
 
 # --------------------------------------------------------------------------- offers
@@ -1037,6 +1041,20 @@ class JobExit(BaseModel):
         if self.reason is ExitReason.signal:
             return f"stopped by a signal (exit code {self.exit_code})"
         return f"exit code {self.exit_code}" + (f" on node {self.rank}" if self.rank else "")
+
+
+class Notice(BaseModel):
+    """A market's interruption notice, as a node's in-job wrapper heard and reported it (docs/runtime.md):
+    AWS's two-minute ``spot/instance-action``, Slurm's ``--signal`` before preemption or the time limit."""
+
+    model_config = ConfigDict(defer_build=True)
+
+    kind: str = "interruption"
+    source: str = ""  # imds | slurm
+    action: str = ""  # terminate | stop | hibernate (AWS)
+    deadline: datetime | None = None  # when the market takes the machine, where it says
+    seen_at: datetime | None = None  # when the wrapper heard it
+    rank: int = 0
 
 
 class AllocationStatus(BaseModel):

@@ -161,6 +161,8 @@ class _Pass:
         records = await asyncio.to_thread(self.store.allocations, a.job_id) if job else []
         mine = next((r for r in records if r.provider == name and _same(a, r)), None)
         live_other = [r for r in records if r.state in LIVE_ALLOC and r is not mine and r.resource_ids]
+        if mine is not None and mine.state is AllocationState.draining and job is not None:
+            return  # superseded at a notice, checkpointing: the poll follows it to its end (broker/lifecycle.py)
         if job is None or job.state not in HOLDING:
             state = job.state.value if job else "unknown"
             await self.release(p, a, f"belongs to no live job (job {a.job_id or '?'} is {state})", mine)

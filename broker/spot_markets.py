@@ -54,7 +54,7 @@ def allocation_observations(allocs: list[Allocation], key: MarketKey, now: datet
         if since:
             live = a.state in (AllocationState.pending, AllocationState.running, AllocationState.unknown)
             out.append(Observation(datetime.fromisoformat(since), now if live else a.updated_at, True))
-        if a.state is AllocationState.preempted:
+        if a.state in (AllocationState.preempted, AllocationState.draining):  # draining: spot went at its notice
             out.append(Observation(a.updated_at, a.updated_at, False))
         elif a.state is AllocationState.failed and a.attrs.get("error_kind") == "capacity":
             out.append(Observation(a.updated_at, a.updated_at, False))

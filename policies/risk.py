@@ -117,7 +117,7 @@ def preemption_rates(
         end = a.updated_at if a.state in _ENDED else now
         held = max(0.0, (end - a.created_at).total_seconds() / 3600.0) * max(1, a.nodes)
         hours[key] = hours.get(key, 0.0) + held
-        if a.state is AllocationState.preempted:
+        if a.state in (AllocationState.preempted, AllocationState.draining):  # draining: taken at its notice
             lost[key] = lost.get(key, 0) + 1
     out: dict[RiskKey, float] = {}
     for key in set(hours) | set(volatility):

@@ -17,8 +17,11 @@ capability             methods                                          who has 
 :class:`RunsBurnIn`    run_on_node (+ Launches, ListsNodes)             slurm
 :class:`Snapshot`      as_of (offers carry ``source=snapshot``)         catalog
 :class:`HasJobLogs`    job_log (+ Launches)                             aws, vast, slurm
+:class:`HasHeartbeat`  heartbeat (+ Launches)                           aws, slurm
+:class:`ReportsEnd`    end_reported (+ Launches)                        aws, vast, slurm
+:class:`HearsNotices`  notice (+ Launches)                              aws
 :class:`AssemblesNodes`  launch of ``members`` (+ Launches)               vast
-:class:`KeepsBillingRecord`  billed_span (+ Launches)                     slurm
+:class:`KeepsBillingRecord`  billed_span (+ Launches)                     slurm, aws
 :class:`SignalsJobs`   signal (+ Launches)                              slurm
 =====================  ===============================================  ====================
 
@@ -34,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from broker.models import Allocation, AllocationStatus, PricePoint
+from broker.models import Allocation, AllocationStatus, Notice, PricePoint
 from providers.base import LaunchRequest, Provider
 
 __all__ = [
@@ -44,6 +47,7 @@ __all__ = [
     "HasHeartbeat",
     "HasJobLogs",
     "HasSpotPriceHistory",
+    "HearsNotices",
     "KeepsBillingRecord",
     "Launches",
     "ListsNodes",
@@ -202,10 +206,22 @@ class HasHeartbeat(Launches):
         """When node ``rank``'s wrapper last said it was alive (None: no beat has arrived)."""
 
 
+class HearsNotices(Launches):
+    """Carries the market's interruption notice from the in-job wrapper to the broker (AWS: the heartbeat the
+    wrapper beats at once in the run-time bucket). The lifecycle then makes before it breaks: the job is placed
+    again at once while this machine, ``draining``, lets the command checkpoint until the market's deadline
+    (broker/lifecycle.py, issue 30)."""
+
+    @abc.abstractmethod
+    async def notice(self, alloc: Allocation) -> Notice | None:
+        """The interruption notice a node of ``alloc`` reported (the first, by rank); None while none came."""
+
+
 class ReportsEnd(Launches):
     """Can tell, more cheaply than a full poll, that a node's in-job wrapper has reported its command's end
-    (its status in the run-time bucket, the container's exit in the instance list): the broker watches that
-    report between polls and releases the machine at once rather than at the next poll (broker/loops.py)."""
+    (AWS: its status in the run-time bucket; Vast: the container's exit in the instance list; Slurm: its exit
+    status file in the attempt's folder of the shared job directory): the broker watches that report between
+    polls and releases the machine at once rather than at the next poll (broker/loops.py)."""
 
     @abc.abstractmethod
     async def end_reported(self, alloc: Allocation) -> bool:

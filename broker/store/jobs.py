@@ -127,8 +127,12 @@ ALLOCATION_FIELDS: frozenset[str] = frozenset(
     }
 )
 LIVE_STATES: tuple[AllocationState, ...] = tuple(AllocationState(s) for s in LIVE_ALLOCATION_STATES)
-# Allocations that cost money while they last (for spend accrual).
-BILLING_STATES: tuple[str, ...] = (AllocationState.pending.value, AllocationState.running.value)
+# Allocations that may be billing now: live ones the market started, and a draining one (superseded at the
+# market's notice, checkpointing until its deadline).
+BILLING_STATES: tuple[str, ...] = (AllocationState.pending.value, AllocationState.running.value,
+                                   AllocationState.draining.value)
+# What the poll loop follows: the live allocations and the draining ones (to their end, to be booked).
+FOLLOWED_STATES: tuple[AllocationState, ...] = (*LIVE_STATES, AllocationState.draining)
 ID_CHUNK = 500  # ids per IN (...) list: under SQLite's and PostgreSQL's bind parameter limits
 
 
@@ -694,8 +698,9 @@ class JobStore(Database):
             return [_alloc(r) for r in conn.execute(q.order_by(ALLOCS.c.created_at, ALLOCS.c.id))]
 
     def held_offer_ids(self) -> set[str]:
-        """Offers that live allocations (intent, pending, running or unknown) are on: ids only, no models."""
-        q = sa.select(ALLOCS.c.offer_id).where(ALLOCS.c.state.in_([s.value for s in LIVE_STATES])).distinct()
+        """Offers that live allocations (intent, pending, running or unknown) and draining ones (still on their
+        machines until the market takes them) are on: ids only, no models."""
+        q = sa.select(ALLOCS.c.offer_id).where(ALLOCS.c.state.in_([s.value for s in FOLLOWED_STATES])).distinct()
         with self._tx(write=False) as conn:
             return {r[0] for r in conn.execute(q)}
 
@@ -709,6 +714,10 @@ class JobStore(Database):
     def live_allocations(self) -> list[Allocation]:
         """Allocations that may still hold provider resources: intent, pending, running or unknown."""
         return self.allocations(states=list(LIVE_STATES))
+
+    def followed_allocations(self) -> list[Allocation]:
+        """What the poll loop follows: the live allocations and the draining ones (superseded at a notice)."""
+        return self.allocations(states=list(FOLLOWED_STATES))
 
     def find_allocation(self, provider: str, resource_id: str) -> Allocation | None:
         """The newest allocation of ``provider`` whose resource_ids contain ``resource_id``."""
@@ -897,7 +906,8 @@ class JobStore(Database):
         for job_id, state, created_at, updated_at in allocs:
             if state == AllocationState.intent.value:
                 continue  # never reached the provider
-            end = now if state in LIVE_ALLOCATION_STATES else as_utc(updated_at)
+            end = now if state in LIVE_ALLOCATION_STATES or state == AllocationState.draining.value else \
+                as_utc(updated_at)
             hours[job_id] = hours.get(job_id, 0.0) + max((end - as_utc(created_at)).total_seconds(), 0) / 3600
         return [
             {

@@ -47,6 +47,7 @@ from broker.models import (
     ExitReason,
     JobExit,
     Market,
+    Notice,
     Offer,
     PricePoint,
 )
@@ -81,6 +82,7 @@ from providers.capabilities import (
     HasHeartbeat,
     HasJobLogs,
     HasSpotPriceHistory,
+    HearsNotices,
     KeepsBillingRecord,
     ReportsEnd,
 )
@@ -132,7 +134,7 @@ def _tags(instance: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in instance.get("Tags") or []}
 
 
-class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory, ReportsEnd, KeepsBillingRecord):
+class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory, ReportsEnd, KeepsBillingRecord, HearsNotices):
     """EC2 spot and on-demand capacity (see module docstring)."""
 
     name = "aws"
@@ -574,6 +576,13 @@ class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory, ReportsEnd, Kee
             return False
         statuses = await self.runs.statuses(self.runs.location_of(alloc), len(alloc.resource_ids))
         return job_exit(statuses, len(alloc.resource_ids)) is not None
+
+    async def notice(self, alloc: Allocation) -> Notice | None:
+        """The spot interruption notice a node's wrapper heard from the instance metadata service and beat into
+        the run-time bucket at once (S3 reads only); never without the run-time contract."""
+        if self.runs is None or not alloc.resource_ids:
+            return None
+        return await self.runs.notice(self.runs.location_of(alloc), len(alloc.resource_ids))
 
     async def billed_span(self, alloc: Allocation) -> BilledSpan | None:
         """EC2's own record of the attempt's instances: from their launch (``LaunchTime``) to the last one's stop

@@ -33,12 +33,12 @@ from typing import Any
 
 import providers.aws.uploads as uploads
 from broker.errors import BadRequestError, ProviderError
-from broker.models import Allocation, JobExit, utcnow
+from broker.models import Allocation, JobExit, Notice, utcnow
 from providers.aws.client import S3Client
 from providers.aws.config import AwsConfig
 from providers.aws.requests import boot_script
 from providers.base import LaunchRequest
-from providers.runtime.logs import parse_heartbeat, parse_status
+from providers.runtime.logs import parse_heartbeat, parse_notice, parse_status
 from providers.runtime.manifest import RunRequest, build_manifest, docker_container, wrapper_source
 
 log = logging.getLogger(__name__)
@@ -281,6 +281,12 @@ class RunFiles:
     async def heartbeat(self, where: RunLocation, rank: int) -> datetime | None:
         """When a node's wrapper last said it was alive (None: not yet; see ``wrapper_silent``)."""
         return parse_heartbeat(await self.s3.get(where.heartbeat(rank)))
+
+    async def notice(self, where: RunLocation, nodes: int) -> Notice | None:
+        """The first interruption notice a node's heartbeat carries (the wrapper beats at once on one)."""
+        bodies = await asyncio.gather(*(self.s3.get(where.heartbeat(r)) for r in range(nodes)))
+        found = [n.model_copy(update={"rank": r}) for r, b in enumerate(bodies) if (n := parse_notice(b))]
+        return found[0] if found else None
 
     async def forget(self, where: RunLocation) -> None:
         """Delete the attempt's manifest (it holds the job's secret values); logs and statuses stay."""

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from broker.models import ExitReason, JobExit, LogLine, as_utc
+from broker.models import ExitReason, JobExit, LogLine, Notice, as_utc
 from providers.runtime.wrapper import BEAT_MARKER, EXIT_MARKER
 
 _LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) (out|err|lockstep) ?(.*)$")
@@ -82,6 +82,24 @@ def parse_heartbeat(text: str | bytes | None) -> datetime | None:
     try:
         doc = json.loads(text)
         return as_utc(str(doc["at"])) if isinstance(doc, dict) else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def parse_notice(text: str | bytes | None) -> Notice | None:
+    """The interruption notice a wrapper's heartbeat document carries (``notice``, docs/runtime.md); None when
+    it carries none, or only a rebalance recommendation (reported, not acted on)."""
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+        raw = doc.get("notice") if isinstance(doc, dict) else None
+        if not isinstance(raw, dict) or raw.get("kind") != "interruption":
+            return None
+        return Notice(kind="interruption", source=str(raw.get("source") or ""), action=str(raw.get("action") or ""),
+                      deadline=as_utc(str(raw["deadline"])) if raw.get("deadline") else None,
+                      seen_at=as_utc(str(raw["seen_at"])) if raw.get("seen_at") else None,
+                      rank=int(raw.get("rank") or 0))
     except (KeyError, TypeError, ValueError):
         return None
 

@@ -52,6 +52,7 @@ from providers.capabilities import (
     HasHeartbeat,
     HasJobLogs,
     HasSpotPriceHistory,
+    HearsNotices,
     KeepsBillingRecord,
     Launches,
     ListsNodes,
@@ -292,6 +293,21 @@ class ReportsEndContract:
             await p.release(alloc)
 
 
+class HearsNoticesContract:
+    """HearsNotices: a live allocation with no notice from its market reports none, and reading it never fails;
+    a notice heard and acted on (make before break) is tests/broker/test_notice_replacement.py's."""
+
+    async def test_no_notice_while_the_market_gave_none(self, subject: Subject) -> None:
+        p = subject.provider
+        assert isinstance(p, HearsNotices)
+        offers = [o for o in await p.offers(subject.query) if matches(o, subject.query)]
+        alloc = await p.launch(launch_request(replace(subject, command="sleep 600"), subject.pick(offers)))
+        try:
+            assert await p.notice(alloc) is None
+        finally:
+            await p.release(alloc)
+
+
 class DrainsNodesContract:
     """DrainsNodes: a drained node leaves the offers; resumed, it comes back."""
 
@@ -432,6 +448,7 @@ CONTRACTS: dict[type[Provider], type] = {
     SignalsJobs: SignalsJobsContract,
     HasHeartbeat: HasHeartbeatContract,
     ReportsEnd: ReportsEndContract,
+    HearsNotices: HearsNoticesContract,
     AssemblesNodes: AssemblesNodesContract,
     DrainsNodes: DrainsNodesContract,
     ListsNodes: ListsNodesContract,

@@ -15,6 +15,7 @@ from tests.plugins.moto import moto_config
 from tests.providers.kit import (
     HasHeartbeatContract,
     HasJobLogsContract,
+    HearsNoticesContract,
     KeepsBillingRecordContract,
     LaunchesContract,
     OffersContract,
@@ -33,7 +34,7 @@ def p4d(offers: list[Offer]) -> Offer:
 
 
 class TestAws(OffersContract, LaunchesContract, SpotHistoryContract, HasJobLogsContract, HasHeartbeatContract,
-              ReportsEndContract, KeepsBillingRecordContract):
+              ReportsEndContract, KeepsBillingRecordContract, HearsNoticesContract):
     provider_type = AwsProvider
 
     @pytest.fixture

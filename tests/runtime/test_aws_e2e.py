@@ -2,7 +2,8 @@
 wrapper and manifest in moto's S3), the boot script Lockstep generated runs as the instance would
 (tests/aws/boot.py), and the broker's own poll sees the command's end, its exit code and its log, and gives the
 machine back; a 2-node job's nodes meet at a TCP barrier; the end is seen across a broker restart; an instance
-stopped under a running job requeues it (issue 15)."""
+stopped under a running job requeues it (issue 15); a spot interruption notice checkpoints the command and its
+replacement runs before the old machine is gone (issue 30)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import hashlib
 import json
 import logging
 import socket
+import sys
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ import pytest
 from aiobotocore.session import AioSession
 
 from broker.config import BrokerConfig, RuntimeConfig, SecretsConfig, Settings
-from broker.models import Allocation, AllocationState, Job, JobState
+from broker.models import Allocation, AllocationState, Job, JobState, utcnow
 from broker.reconcile import reconcile
 from broker.service import Lockstep
 from broker.specs import parse_spec
@@ -32,6 +35,7 @@ from tests.aws.boot import BUCKET, FakeImds, Node, ec2_client, on_loopback, runt
 from tests.plugins.moto import moto_config
 from tests.runtime.barrier import SCRIPT as BARRIER_SCRIPT
 from tests.runtime.barrier import check_barrier
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.aws
 
@@ -262,3 +266,96 @@ async def test_an_instance_stopped_under_a_running_job_requeues_it_counted_with_
     [rec] = await broker.svc.job_allocations(job.id)
     assert rec.state is AllocationState.preempted
     assert broker.instance_states(alloc) == ["terminated"]  # the stopped instance is given back, not left
+
+
+# --------------------------------------------------------------------------- interruption notice (issue 30)
+# Notice → checkpoint → replacement, make before break: EC2 gives the two-minute notice; the wrapper hears it,
+# SIGTERMs the command (which checkpoints and holds on), and beats the notice into the run-time bucket; the
+# broker's next poll makes the old allocation ``draining`` and requeues the job, whose replacement is placed and
+# runs while the old machine still checkpoints. The replacement resumes from the checkpoint; the old machine, its
+# command done, shuts itself down and is booked as preempted. The checkpoint lives in a directory both
+# "instances" see (this host's; on EC2 it would be the job's ``checkpoint_uri``). Nothing is timed.
+
+# Counts steps; on SIGTERM (the notice) saves its step and holds until the test lets it go; an attempt that
+# finds a checkpoint resumes from it and ends.
+WORKLOAD = r'''
+import json, os, signal, sys, time
+d, attempt = os.environ["CKPT_DIR"], os.environ["LOCKSTEP_ATTEMPT"]
+saved = sorted(f for f in os.listdir(d) if f.startswith("ckpt-") and f.endswith(".json"))
+step = json.load(open(os.path.join(d, saved[-1])))["step"] if saved else 0
+print("attempt %s starts at step %d" % (attempt, step), flush=True)
+if step:
+    print("resumed from step %d" % step, flush=True)
+    sys.exit(0)
+def on_term(signum, frame):
+    signal.signal(signum, signal.SIG_IGN)  # the tree gets it more than once
+    path = os.path.join(d, "ckpt-%s.json" % attempt)
+    with open(path + ".tmp", "w") as fh:
+        json.dump({"step": step}, fh)
+    os.replace(path + ".tmp", path)
+    print("checkpointed step %d" % step, flush=True)
+    while not os.path.exists(os.path.join(d, "let-go")):
+        time.sleep(0.05)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(d, "running-%s" % attempt), "w").close()
+while True:
+    step += 1
+    time.sleep(0.01)
+'''
+
+
+async def test_the_notice_checkpoints_and_the_replacement_runs_before_the_old_machine_is_gone(
+        broker: AwsBroker, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    workload = tmp_path / "workload.py"
+    workload.write_text(WORKLOAD)
+    job = await broker.submit(markets=["spot"], interruptible=True, checkpoint_minutes=1,
+                              command=f"exec {sys.executable} {workload}", env={"CKPT_DIR": str(ckpt)})
+    job, first = await broker.place(job)
+    async with FakeImds() as imds:
+        [old] = broker.nodes(first, imds)
+        await old.start()
+
+        async def exists(path: Path) -> bool:
+            return await asyncio.to_thread(path.exists)
+
+        await eventually(lambda: exists(ckpt / "running-1"), bool, "attempt 1's command runs")
+        deadline = utcnow().replace(microsecond=0) + timedelta(minutes=2)
+        imds.interrupt(old.instance_id, at=deadline.isoformat().replace("+00:00", "Z"))
+        notice = await eventually(lambda: broker.aws.notice(first), lambda n: n is not None,
+                                  "the wrapper beats the notice into the bucket")
+        assert notice is not None and notice.action == "terminate" and notice.deadline == deadline
+        await eventually(lambda: exists(ckpt / "ckpt-1.json"), bool, "attempt 1 checkpoints on the SIGTERM")
+
+        await broker.svc.poll_now()
+        job = await broker.svc.get_job(job.id)
+        assert job.state is JobState.pending and job.preemptions == 1, job.reason
+        draining = next(a for a in await broker.svc.job_allocations(job.id) if a.id == first.id)
+        assert draining.state is AllocationState.draining and draining.cost_usd is None
+        assert broker.instance_states(first) == ["running"]  # make before break
+
+        await broker.svc.place_now([job.id])
+        second = next(a for a in await broker.svc.job_allocations(job.id) if a.id != first.id)
+        assert second.attempt == first.attempt + 1
+        await broker.svc.poll_now()
+        assert (await broker.svc.get_job(job.id)).state is JobState.running
+        assert broker.instance_states(first) == ["running"]  # both run: the old one still checkpointing
+
+        [new] = broker.nodes(second, imds)
+        assert await new.run() == 0, new.console()
+        (ckpt / "let-go").write_text("")
+        await old.wait()
+    await broker.svc.poll_now()
+
+    job = await broker.svc.get_job(job.id)
+    assert job.state is JobState.succeeded, job.reason
+    recs = {a.id: a for a in await broker.svc.job_allocations(job.id)}
+    assert recs[first.id].state is AllocationState.preempted and recs[first.id].cost_usd is not None
+    assert broker.instance_states(first) == ["terminated"] and broker.instance_states(second) == ["terminated"]
+    lines = out_lines(await broker.aws.job_log(recs[second.id]))
+    resumed = [ln for ln in lines if ln.startswith("resumed from step ")]
+    assert resumed and int(resumed[0].split()[-1]) > 0, lines
+    assert any(ln.startswith("checkpointed step ") for ln in out_lines(await broker.aws.job_log(recs[first.id])))
+    assert [e.to_state for e in job.events].count(JobState.preempted) == 1

@@ -141,6 +141,23 @@ class MemoryProvider(Launches):
         return list({id(a): a for a in self.held.values()}.values())
 
 
+class Clock:
+    """A clock a test moves by hand (``clock.now = …``), starting at :data:`NOW`."""
+
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+async def poll(life: JobLifecycle, market: Launches, alloc_id: str) -> JobState | None:
+    """What the poll loop does for one allocation: ask its market, let the lifecycle follow."""
+    alloc = life.store.get_allocation(alloc_id)
+    status = await market.poll(alloc)
+    return await life.follow(alloc, status.state, status.reason, status.hosts, status.exit)
+
+
 def clock() -> datetime:
     return NOW
 

@@ -906,8 +906,7 @@ class JobStore(Database):
         for job_id, state, created_at, updated_at in allocs:
             if state == AllocationState.intent.value:
                 continue  # never reached the provider
-            end = now if state in LIVE_ALLOCATION_STATES or state == AllocationState.draining.value else \
-                as_utc(updated_at)
+            end = now if state in FOLLOWED_STATES else as_utc(updated_at)  # still held: up to now
             hours[job_id] = hours.get(job_id, 0.0) + max((end - as_utc(created_at)).total_seconds(), 0) / 3600
         return [
             {

@@ -6,28 +6,13 @@ against the real markets: test_e2e.py (a spot instance terminated at moto requeu
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from broker.errors import ProviderError
 from broker.lifecycle import JobLifecycle
 from broker.models import Allocation, AllocationState, ExitReason, Job, JobExit, JobState
 from broker.store import Store
-from standins.memory import NOW, MemoryProvider, offer, placed_job, router_over, spec, submit_and_place
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-async def poll(life: JobLifecycle, mem: MemoryProvider, alloc_id: str) -> JobState | None:
-    """What the poll loop does for one allocation: ask the provider, let the lifecycle follow."""
-    alloc = life.store.get_allocation(alloc_id)
-    status = await mem.poll(alloc)
-    return await life.follow(alloc, status.state, status.reason, status.hosts, status.exit)
+from standins.memory import NOW, Clock, MemoryProvider, offer, placed_job, poll, router_over, spec, submit_and_place
 
 
 async def test_a_job_is_claimed_once(store: Store) -> None:

@@ -11,22 +11,14 @@ checkpoints (not interruptible) is left to the market's end, as before.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from broker.lifecycle import DRAIN_GRACE, JobLifecycle
 from broker.models import Allocation, AllocationState, JobExit, JobState, Market, Notice
 from broker.reconcile import reconcile
 from broker.store import Store
 from providers.capabilities import HearsNotices
-from standins.memory import NOW, MemoryProvider, offer, router_over, submit_and_place
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> datetime:
-        return self.now
+from standins.memory import NOW, Clock, MemoryProvider, offer, poll, router_over, submit_and_place
 
 
 class NoticeMarket(MemoryProvider, HearsNotices):
@@ -45,11 +37,6 @@ class NoticeMarket(MemoryProvider, HearsNotices):
 DEADLINE = NOW + timedelta(minutes=2)
 NOTICE = Notice(source="imds", action="terminate", deadline=DEADLINE, seen_at=NOW)
 
-
-async def poll(life: JobLifecycle, mem: MemoryProvider, alloc_id: str) -> JobState | None:
-    alloc = life.store.get_allocation(alloc_id)
-    status = await mem.poll(alloc)
-    return await life.follow(alloc, status.state, status.reason, status.hosts, status.exit)
 
 
 async def running_spot_job(store: Store, interruptible: bool = True) -> tuple[NoticeMarket, JobLifecycle, Clock,

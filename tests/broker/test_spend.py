@@ -8,7 +8,7 @@ tests/runtime/test_aws_logs_spend.py.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
@@ -29,15 +29,7 @@ from broker.models import (
 from broker.secrets import SecretSources
 from broker.store import Store
 from providers.capabilities import HasJobLogs
-from standins.memory import NOW, MemoryProvider, offer, placed_job, router_over, submit_and_place
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> datetime:
-        return self.now
+from standins.memory import NOW, Clock, MemoryProvider, offer, placed_job, poll, router_over, submit_and_place
 
 
 def test_billing_granularities() -> None:
@@ -48,11 +40,6 @@ def test_billing_granularities() -> None:
     assert Billing(increment_s=0).billed_seconds(1.25) == 1.25
     assert PER_SECOND_MIN_60.cost(3.6, 30) == pytest.approx(0.06)  # a minute at $3.60/h
 
-
-async def poll(life: JobLifecycle, mem: MemoryProvider, alloc_id: str) -> JobState | None:
-    alloc = life.store.get_allocation(alloc_id)
-    status = await mem.poll(alloc)
-    return await life.follow(alloc, status.state, status.reason, status.hosts, status.exit)
 
 
 class MinuteMarket(MemoryProvider):

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -278,19 +279,27 @@ class HasHeartbeatContract:
             await p.release(alloc)
 
 
+@asynccontextmanager
+async def long_running(subject: Subject) -> AsyncIterator[Allocation]:
+    """An allocation of ``subject``'s market whose command runs on (a long sleep), released after."""
+    p = subject.provider
+    assert isinstance(p, Launches)
+    offers = [o for o in await p.offers(subject.query) if matches(o, subject.query)]
+    alloc = await p.launch(launch_request(replace(subject, command="sleep 600"), subject.pick(offers)))
+    try:
+        yield alloc
+    finally:
+        await p.release(alloc)
+
+
 class ReportsEndContract:
     """ReportsEnd: a live allocation whose command still runs (a long sleep) reports no end, and reading it
     never fails; an end reported and acted on is tests/broker/test_end_watch.py's."""
 
     async def test_no_end_is_reported_while_the_command_runs(self, subject: Subject) -> None:
-        p = subject.provider
-        assert isinstance(p, ReportsEnd)
-        offers = [o for o in await p.offers(subject.query) if matches(o, subject.query)]
-        alloc = await p.launch(launch_request(replace(subject, command="sleep 600"), subject.pick(offers)))
-        try:
-            assert await p.end_reported(alloc) is False
-        finally:
-            await p.release(alloc)
+        assert isinstance(subject.provider, ReportsEnd)
+        async with long_running(subject) as alloc:
+            assert await subject.provider.end_reported(alloc) is False
 
 
 class HearsNoticesContract:
@@ -298,14 +307,9 @@ class HearsNoticesContract:
     a notice heard and acted on (make before break) is tests/broker/test_notice_replacement.py's."""
 
     async def test_no_notice_while_the_market_gave_none(self, subject: Subject) -> None:
-        p = subject.provider
-        assert isinstance(p, HearsNotices)
-        offers = [o for o in await p.offers(subject.query) if matches(o, subject.query)]
-        alloc = await p.launch(launch_request(replace(subject, command="sleep 600"), subject.pick(offers)))
-        try:
-            assert await p.notice(alloc) is None
-        finally:
-            await p.release(alloc)
+        assert isinstance(subject.provider, HearsNotices)
+        async with long_running(subject) as alloc:
+            assert await subject.provider.notice(alloc) is None
 
 
 class DrainsNodesContract:

@@ -13,7 +13,7 @@ from broker.lifecycle import JobLifecycle
 from broker.models import Allocation, AllocationState, JobState
 from broker.store import Store
 from providers.capabilities import HasHeartbeat
-from standins.memory import NOW, MemoryProvider, offer, router_over, submit_and_place
+from standins.memory import NOW, Clock, MemoryProvider, offer, poll, router_over, submit_and_place
 
 
 class BeatingMarket(HasHeartbeat, MemoryProvider):
@@ -27,18 +27,6 @@ class BeatingMarket(HasHeartbeat, MemoryProvider):
         return self.beats.get(rank)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-async def poll(life: JobLifecycle, market: BeatingMarket, alloc_id: str) -> JobState | None:
-    alloc = life.store.get_allocation(alloc_id)
-    status = await market.poll(alloc)
-    return await life.follow(alloc, status.state, status.reason, status.hosts, status.exit)
 
 
 async def test_a_silent_wrapper_releases_its_machine_and_requeues_the_job(store: Store) -> None:

@@ -2,6 +2,8 @@
 
 - ``standins.vastapi``: a local Vast.ai API (aiohttp on loopback, the real endpoints' shapes, containers run as
   local processes) over a deterministic market of offers; ``python -m standins.vastapi.server`` runs it alone.
+- ``standins.ec2``: moto stores user data and runs none: this runs the boot script Lockstep generated as an EC2
+  instance would (``Node``), and an instance metadata service (IMDSv2) on loopback (``FakeImds``).
 - ``standins.memory``: an in-memory market implementing the provider interface, for the router's, the
   lifecycle's and reconciliation's own logic, and for benchmarks that must not wait on a market.
 

@@ -52,8 +52,8 @@ async def aws(aws_config: AwsConfig, aws_session: AioSession) -> AsyncIterator[A
 
 @pytest.fixture
 def runtime_config(aws_moto: str) -> AwsConfig:
-    """An AwsConfig at moto with the run-time contract on: its bucket made, the VPC of tests.aws.boot."""
-    from tests.aws.boot import runtime_overrides
+    """An AwsConfig at moto with the run-time contract on: its bucket made, the VPC of standins.ec2."""
+    from standins.ec2 import runtime_overrides
     from tests.plugins.moto import moto_config
 
     return moto_config(aws_moto, **runtime_overrides(aws_moto))

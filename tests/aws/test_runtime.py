@@ -1,6 +1,6 @@
 """The run-time contract on EC2, at the adapter: what a launch puts in S3 and in the user data, and what poll
 and job_log read back once the boot script Lockstep generated has run as the instance would (moto's EC2 and
-S3 on loopback; tests/aws/boot.py runs the script)."""
+S3 on loopback; standins/ec2.py runs the script)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from providers.aws.runtime import EFA_ENV, MAX_PRESIGN_S, RunLocation, aws_manif
 from providers.base import LaunchRequest, OfferQuery
 from providers.runtime.logs import parse_log
 from providers.runtime.manifest import RunRequest, wrapper_source
-from tests.aws.boot import BUCKET, FakeImds, Node, ec2_client, s3_client
+from standins.ec2 import BUCKET, FakeImds, Node, ec2_client, s3_client
 from tests.aws.conftest import INSTALLATION, job, pick
 
 pytestmark = pytest.mark.aws
@@ -100,7 +100,7 @@ async def test_launch_stages_the_wrapper_and_manifest_and_the_user_data_only_fet
     assert "log-0.txt" in logs["put_urls"]["0"] and "status-0.json" in logs["status_put_urls"]["0"]
     assert "X-Amz-Expires=" + str(3600 + 900 + 7200 + 2 + 3600) in manifest["logs"]["put_urls"]["0"]
 
-    from tests.aws.boot import user_data_of
+    from standins.ec2 import user_data_of
 
     script = user_data_of(aws_moto, iid)
     assert script.startswith("#!/bin/bash\n") and SECRET not in script and "train" not in script
@@ -217,7 +217,7 @@ async def test_without_a_bucket_a_plain_job_runs_as_before_and_one_with_env_is_r
 ) -> None:
     offer = await a10g(aws)
     alloc = await aws.launch(request(offer, "nvidia-smi"))
-    from tests.aws.boot import user_data_of
+    from standins.ec2 import user_data_of
 
     assert "docker run" in user_data_of(aws_moto, alloc.resource_ids[0])
     assert await aws.job_log(alloc) == ""

@@ -21,7 +21,7 @@ from providers.aws import AwsProvider
 from providers.aws.config import AwsConfig
 from providers.aws.runtime import RunLocation
 from providers.aws.uploads import INSTANCE_PROFILE, PRESIGNED, Credentials, choose
-from tests.aws.boot import BUCKET, ec2_client, s3_client, user_data_of
+from standins.ec2 import BUCKET, ec2_client, s3_client, user_data_of
 from tests.aws.conftest import INSTALLATION
 from tests.aws.test_runtime import a10g, request
 

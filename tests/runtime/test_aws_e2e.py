@@ -1,6 +1,6 @@
 """Issue 14's "done means" on AWS, through the real broker: the service places a job at moto's EC2 (its
 wrapper and manifest in moto's S3), the boot script Lockstep generated runs as the instance would
-(tests/aws/boot.py), and the broker's own poll sees the command's end, its exit code and its log, and gives the
+(standins/ec2.py), and the broker's own poll sees the command's end, its exit code and its log, and gives the
 machine back; a 2-node job's nodes meet at a TCP barrier; the end is seen across a broker restart; an instance
 stopped under a running job requeues it (issue 15); a spot interruption notice checkpoints the command and its
 replacement runs before the old machine is gone (issue 30)."""
@@ -31,7 +31,8 @@ from providers.aws import AwsProvider
 from providers.aws.config import AwsConfig
 from providers.aws.runtime import RunLocation
 from providers.runtime.logs import parse_log
-from tests.aws.boot import BUCKET, FakeImds, Node, ec2_client, on_loopback, runtime_overrides, s3_client
+from standins.ec2 import BUCKET, FakeImds, Node, ec2_client, runtime_overrides, s3_client
+from tests.aws.loopback import on_loopback
 from tests.plugins.moto import moto_config
 from tests.runtime.barrier import SCRIPT as BARRIER_SCRIPT
 from tests.runtime.barrier import check_barrier

@@ -1,5 +1,5 @@
 """Logs and spend on AWS, end to end: moto's EC2 and S3, the boot script Lockstep generated run as the instance
-would (tests/aws/boot.py), the broker's own poll, and a real Lockstep API server on loopback; both store
+would (standins/ec2.py), the broker's own poll, and a real Lockstep API server on loopback; both store
 backends.
 
 The log streams through ``GET /v1/jobs/{id}/logs?follow=true`` while the command runs (it waits for a file
@@ -25,7 +25,7 @@ from broker.api import create_app, start_server
 from broker.models import AllocationState, JobState, LogLine, Role, month_start
 from broker.store import Store
 from providers.aws.runtime import RunLocation
-from tests.aws.boot import BUCKET, FakeImds, s3_client
+from standins.ec2 import BUCKET, FakeImds, s3_client
 from tests.plugins.moto import moto_config
 from tests.runtime.test_aws_e2e import INSTALLATION, SECRET, AwsBroker, runtime_overrides
 

@@ -1,6 +1,6 @@
 """Interruption notices → checkpoints (issue 30): the wrapper, a real process, hears the market's notice.
 
-AWS: the wrapper polls an instance-metadata stand-in on loopback (tests/aws/boot.py ``FakeImds``, IMDSv2) that
+AWS: the wrapper polls an instance-metadata stand-in on loopback (standins/ec2.py ``FakeImds``, IMDSv2) that
 the test tells to issue ``spot/instance-action`` or a rebalance recommendation. Slurm: the signal the broker asks
 Slurm for (``--signal``) reaches the wrapper, which takes it as the notice. Either way the command gets SIGTERM,
 saves a checkpoint, and the status records the notice.
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.aws.boot import FakeImds
+from standins.ec2 import FakeImds
 from tests.runtime.harness import WRAPPER
 
 # A workload that checkpoints on the notice: on TERM it writes what the notice file says into its checkpoint

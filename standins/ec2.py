@@ -9,8 +9,10 @@
   (an instance-initiated shutdown with terminate behaviour: terminates the instance at moto; or, with
   ``shutdown_terminates=False``, only notes the call). Both note their argv in ``calls``.
 - :func:`moto_subnets`: a VPC of its own at moto (10.213.0.0/16, one subnet per zone), so the instances'
-  private addresses are ones this host does not use; :func:`on_loopback` adds such addresses to ``lo`` for
-  a test and removes them afterwards (root, as in CI), so a node can listen on its "private IP".
+  private addresses are ones this host does not use (tests/aws/loopback.py adds such addresses to ``lo`` for a
+  test, so a node can listen on its "private IP").
+
+For tests/ and bench/ (bench/leaks.py soaks moto with it), never the product (standins/__init__.py).
 """
 
 from __future__ import annotations
@@ -24,13 +26,10 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import boto3
-import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -57,24 +56,6 @@ def moto_subnets(endpoint: str) -> dict[str, str]:
         out[zone] = ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.213.{n}.0/24", AvailabilityZone=zone)["Subnet"][
             "SubnetId"]
     return out
-
-
-@contextmanager
-def on_loopback(addrs: list[str]) -> Iterator[None]:
-    """``addrs`` on the loopback interface for the duration (each must be new to this host)."""
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        pytest.skip("adding the instances' private addresses to lo needs root and iproute2 (as in CI)")
-    taken = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=True).stdout
-    added = []
-    try:
-        for addr in addrs:
-            assert not addr.startswith("127.") and f" {addr}/" not in taken, f"{addr} is in use on this host"
-            subprocess.run(["ip", "addr", "add", f"{addr}/32", "dev", "lo"], check=True)
-            added.append(addr)
-        yield
-    finally:
-        for addr in added:
-            subprocess.run(["ip", "addr", "del", f"{addr}/32", "dev", "lo"], check=False)
 
 
 class FakeImds:

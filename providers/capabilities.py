@@ -19,7 +19,7 @@ capability             methods                                          who has 
 :class:`HasJobLogs`    job_log (+ Launches)                             aws, vast, slurm
 :class:`HasHeartbeat`  heartbeat (+ Launches)                           aws, slurm
 :class:`ReportsEnd`    end_reported (+ Launches)                        aws, vast, slurm
-:class:`HearsNotices`  notice (+ Launches)                              aws
+:class:`HearsNotices`  notice (+ Launches)                              aws, slurm
 :class:`AssemblesNodes`  launch of ``members`` (+ Launches)               vast
 :class:`KeepsBillingRecord`  billed_span (+ Launches)                     slurm, aws
 :class:`SignalsJobs`   signal (+ Launches)                              slurm
@@ -208,9 +208,10 @@ class HasHeartbeat(Launches):
 
 class HearsNotices(Launches):
     """Carries the market's interruption notice from the in-job wrapper to the broker (AWS: the heartbeat the
-    wrapper beats at once in the run-time bucket). The lifecycle then makes before it breaks: the job is placed
-    again at once while this machine, ``draining``, lets the command checkpoint until the market's deadline
-    (broker/lifecycle.py, issue 30)."""
+    wrapper beats at once in the run-time bucket; Slurm: the notice file it writes in the attempt's folder of the
+    shared job directory, on the ``--signal`` the broker submits an interruptible job with). The lifecycle then
+    makes before it breaks: the job is placed again at once while this machine, ``draining``, lets the command
+    checkpoint until the market's deadline (broker/lifecycle.py, issue 30)."""
 
     @abc.abstractmethod
     async def notice(self, alloc: Allocation) -> Notice | None:

@@ -87,13 +87,14 @@ def parse_heartbeat(text: str | bytes | None) -> datetime | None:
 
 
 def parse_notice(text: str | bytes | None) -> Notice | None:
-    """The interruption notice a wrapper's heartbeat document carries (``notice``, docs/runtime.md); None when
-    it carries none, or only a rebalance recommendation (reported, not acted on)."""
+    """The interruption notice a wrapper's heartbeat document carries (``notice``, docs/runtime.md), or a notice
+    file itself (``notice-<rank>.json``: the same document, bare); None when it carries none, or only a rebalance
+    recommendation (reported, not acted on)."""
     if not text:
         return None
     try:
         doc = json.loads(text)
-        raw = doc.get("notice") if isinstance(doc, dict) else None
+        raw = (doc.get("notice") if "notice" in doc else doc) if isinstance(doc, dict) else None
         if not isinstance(raw, dict) or raw.get("kind") != "interruption":
             return None
         return Notice(kind="interruption", source=str(raw.get("source") or ""), action=str(raw.get("action") or ""),

@@ -313,6 +313,9 @@ class SubmitRequest:
     stdout: str | None = None
     environment: dict[str, str] = field(default_factory=dict)
     node: str | None = None  # pin the job to this node (burn-in measures one node)
+    # sbatch's --signal=<warn_signal>@<warn_s>: Slurm signals the job's steps that long before its end
+    warn_signal: str = ""  # a name without SIG ("USR1"); "" for none
+    warn_s: int = 0
 
 
 # --------------------------------------------------------------------------- response parsers
@@ -499,6 +502,8 @@ def submit_body(version: str, req: SubmitRequest) -> dict[str, Any]:
         )
         if req.node:
             job["nodelist"] = req.node  # parsed by 22.05 though its schema omits it
+        if req.warn_signal:
+            job["signal"] = f"{req.warn_signal}@{req.warn_s}"  # the schema's (B:|)sig_num(@sig_time|)
         if req.gpus_per_node <= 0:  # no GPUs: no GRES request at all ("gpu:0" is refused)
             del job["gres"]
         return {"script": req.script, "job": job}
@@ -516,8 +521,13 @@ def submit_body(version: str, req: SubmitRequest) -> dict[str, Any]:
     )
     if req.gpus_per_node <= 0:
         del job["tres_per_node"]
+    if req.warn_signal:  # --signal, as v0.0.39+ spells it (no flags: the steps, not the batch shell)
+        job["kill_warning_signal"] = req.warn_signal
+        job["kill_warning_delay"] = {"set": True, "infinite": False, "number": int(req.warn_s)}
     if version_key(version) <= (0, 0, 39):
         job["time_limit"] = int(req.time_limit_min)
+        if req.warn_signal:
+            job["kill_warning_delay"] = int(req.warn_s)
         return {"script": req.script, "job": job}
     return {"job": job}
 

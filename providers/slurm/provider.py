@@ -12,7 +12,8 @@ exit statuses live in the pool's shared job directory (``slurm.job_dir``), which
 ``end_reported`` read.
 
 Capabilities: launches; drains and resumes nodes; lists its nodes; runs burn-in jobs; job logs; heartbeats; reports a
-command's end between polls (the wrapper's status file); Slurm's billing record; signals.
+command's end between polls (the wrapper's status file); Slurm's billing record; signals; hears interruption notices
+(an interruptible job is submitted with ``--signal``; the wrapper's notice file in the attempt's folder).
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from datetime import UTC, datetime
 
 import providers.slurm.api as api
 from broker.errors import BadRequestError, CapacityError, TransientError
-from broker.models import Allocation, AllocationState, AllocationStatus, ExitReason, JobExit, Market, Offer
+from broker.models import Allocation, AllocationState, AllocationStatus, ExitReason, JobExit, Market, Notice, Offer
 from providers.base import JOB_TAG, OWNER_TAG, TENANT_TAG, LaunchRequest, OfferQuery
 from providers.capabilities import (
     BilledSpan,
     DrainsNodes,
     HasHeartbeat,
     HasJobLogs,
+    HearsNotices,
     KeepsBillingRecord,
     NodeUsage,
     ReportsEnd,
@@ -53,11 +55,13 @@ from providers.slurm.requests import (
 )
 from providers.slurm.runtime import (
     NO_CONTAINERS,
+    NOTICE_LEAD_S,
     AttemptDir,
     JobFiles,
     batch_script,
     exit_without_status,
     no_container_reason,
+    notice_signal,
     slurm_exit_code,
     time_limit_min,
 )
@@ -85,7 +89,8 @@ END_REPORT_AGAIN_S = 0.5
 END_REPORT_AGAIN_MAX_S = 8.0
 
 
-class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, ReportsEnd, KeepsBillingRecord, SignalsJobs):
+class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, ReportsEnd, KeepsBillingRecord, SignalsJobs,
+                    HearsNotices):
     """Slurm via slurmrestd. Thin: translate, call, normalise, map errors."""
 
     name = PROVIDER
@@ -138,7 +143,9 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, ReportsEn
         if run.image and self.config.container_runtime == NO_CONTAINERS:
             raise BadRequestError(PROVIDER, no_container_reason(), "image")
         estimate = time_limit_minutes(req, self.config.default_time_limit_min)
-        limit = time_limit_min(run, estimate)
+        interruptible = req.spec.interruptible
+        limit = time_limit_min(run, estimate, notice_lead_s=NOTICE_LEAD_S if interruptible else 0.0)
+        warn = notice_signal(interruptible, limit)  # --signal: the interruption notice, before the end
         if not run.command.strip():  # no command: hold the allocation until its limit
             run = run.model_copy(update={"command": f"exec sleep {limit * 60}"})
         where = self.files.where(req.job_id, req.attempt)
@@ -153,6 +160,7 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, ReportsEn
                                 keep_failed_h=self.config.keep_failed_workdirs_h),
             time_limit_min=limit,
             stdout=str(where.batch_output),
+            warn=warn,
         )
         rate = self._rate(req)
         await self.client.version()
@@ -162,7 +170,7 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, ReportsEn
                 existing = await self._find_by_token(req.client_token)
                 if existing is not None:
                     return self._allocation(existing, offer_id=req.offer.id, usd_per_hour=rate)
-                await self.files.stage(run)
+                await self.files.stage(run, notice=warn is not None)
                 job_id = await self.client.submit_once(submit)
                 job = await self.client.job(job_id)
                 if job is None:
@@ -264,7 +272,7 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, ReportsEn
                 return AllocationStatus(state=AllocationState.released, reason="cancelled by Lockstep")
             end = job_exit(await self.files.statuses(where, max(alloc.nodes, 1)), max(alloc.nodes, 1))
             if end is not None:
-                return self._ended(end, [])
+                return await self._ended_or_noticed(alloc, end, [])
             return AllocationStatus(state=AllocationState.unknown, reason=f"job {job_id} no longer known")
         hosts = list(job.nodes)
         reason = "" if job.reason in ("None", "") else job.reason
@@ -291,7 +299,7 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, ReportsEn
             if end is None:
                 end = exit_without_status(slurm_exit_code(job.exit_code), job.state, await self.files.log(where, 0),
                                           await self.files.batch_output(where))
-            return self._ended(end, hosts)
+            return await self._ended_or_noticed(alloc, end, hosts)
         if job.exit_code and job.state in _FAILED_STATES:
             reason = f"{reason} exit={slurm_exit_code(job.exit_code)}".strip()
         return AllocationStatus(state=state, reason=f"{job.state} {reason}".strip(), hosts=hosts,
@@ -316,6 +324,15 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, ReportsEn
         nodes = max(alloc.nodes, 1)
         return job_exit(await self.files.statuses(self._where(alloc), nodes), nodes) is not None
 
+    async def notice(self, alloc: Allocation) -> Notice | None:
+        """The interruption notice a node's wrapper wrote in this attempt's folder of the shared job directory
+        (``notice-<rank>.json``, on Slurm's ``--signal``; the first by rank), read in a thread: no slurmrestd
+        call. Slurm names no deadline (its time limit or a preemption's GraceTime ends the job): the lifecycle
+        gives the draining job back two minutes after the notice unless its command ends first."""
+        if not alloc.resource_ids:
+            return None
+        return await self.files.notice(self._where(alloc), max(alloc.nodes, 1))
+
     async def signal(self, alloc: Allocation, name: str = "TERM") -> None:
         await self.client.signal(self._job_id(alloc), name)
 
@@ -324,6 +341,17 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, ReportsEn
         Slurm's estimate, and one cancelled while pending ends at its "start": nothing billed either way."""
         job = await self.client.job(self._job_id(alloc)) if alloc.resource_ids else None
         return None if job is None else _span(job)
+
+    async def _ended_or_noticed(self, alloc: Allocation, end: JobExit, hosts: list[str]) -> AllocationStatus:
+        """An attempt Slurm has ended. One whose command the wrapper stopped at Slurm's interruption notice
+        (``signal``, with a notice file) ended before a poll saw the notice: ``preempted``, so the lifecycle
+        requeues the job to resume from its checkpoint, as for any preemption (not failed: its work is not done)."""
+        if end.reason is ExitReason.signal:
+            notice = await self.files.notice(self._where(alloc), max(alloc.nodes, 1))
+            if notice is not None:
+                return AllocationStatus(state=AllocationState.preempted, hosts=hosts, exit=end, reason=(
+                    f"node {notice.rank}'s command was stopped at Slurm's interruption notice ({notice.action})"))
+        return self._ended(end, hosts)
 
     @staticmethod
     def _ended(end: JobExit, hosts: list[str]) -> AllocationStatus:
@@ -343,6 +371,7 @@ class SlurmProvider(RunsBurnIn, DrainsNodes, HasJobLogs, HasHeartbeat, ReportsEn
         self._cancelled.add(job_id)
         self._ending.pop(alloc.id, None)
         await self.files.forget(self._where(alloc))  # the manifest holds the job's secret values
+        await self.files.fence_past(self._where(alloc))
         job = await self.client.job(job_id)
         if job is None or job.finished:
             return  # already gone

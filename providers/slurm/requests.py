@@ -60,11 +60,13 @@ def time_limit_minutes(req: LaunchRequest, default_min: int) -> int:
 
 def launch_request(req: LaunchRequest, *, installation: str, gpus_per_node_default: int,
                    default_time_limit_min: int, partition: str | None, script: str | None = None,
-                   time_limit_min: int | None = None, stdout: str | None = None) -> api.SubmitRequest:
+                   time_limit_min: int | None = None, stdout: str | None = None,
+                   warn: tuple[str, int] | None = None) -> api.SubmitRequest:
     """The batch job of one launch: the offer's partition, fabric and rack as constraints, tags in the comment.
 
     ``script``: the batch script (the run-time contract's, :mod:`.runtime`); default: the command itself.
     ``time_limit_min``: Slurm's limit; default: from the workload (:func:`time_limit_minutes`).
+    ``warn``: ``--signal`` (signal name, seconds before the end): the interruption notice (:mod:`.runtime`).
     """
     spec, offer = req.spec, req.offer
     limit = time_limit_min if time_limit_min is not None else time_limit_minutes(req, default_time_limit_min)
@@ -93,4 +95,6 @@ def launch_request(req: LaunchRequest, *, installation: str, gpus_per_node_defau
             "LOCKSTEP_ATTEMPT": str(req.attempt),
             "LOCKSTEP_TENANT": req.tenant,
         },
+        warn_signal=warn[0] if warn else "",
+        warn_s=warn[1] if warn else 0,
     )

@@ -11,6 +11,7 @@ broker and every node see; on a one-host cluster any local directory)::
         a<attempt>/log-<rank>.txt      each node's time-stamped, masked log           wrapper writes, broker reads
         a<attempt>/status-<rank>.json  each node's exit status                        wrapper writes, broker reads
         a<attempt>/heartbeat-<rank>.json  each node's wrapper, alive (every 30 s)     wrapper writes, broker reads
+        a<attempt>/notice-<rank>.json  the interruption notice a node heard      wrapper writes, broker reads
         a<attempt>/slurm.out           the batch step's own output (srun's messages)  Slurm writes
         checkpoints/                   LOCKSTEP_CHECKPOINT_DIR of every attempt (unless the spec names one)
 
@@ -20,6 +21,11 @@ of each host of ``SLURM_JOB_NODELIST``, in the allocation's order) and runs the 
 same ``LOCKSTEP_*`` rendezvous set. A job's ``image`` runs through the pool's container runtime: pyxis
 (``srun --container-image``; the wrapper then runs inside the image, which needs ``python3``), apptainer (the
 wrapper runs on the host and the command in ``apptainer exec docker://…``); a pool with none refuses it.
+
+Interruption notices (issue 30; docs/slurm.md "Interruption notices"): an interruptible job is submitted with
+``--signal=USR1@120``; every process of its steps gets SIGUSR1 from Slurm then, and the wrapper (``notice.trap``)
+takes it as the notice. The shells Lockstep starts ignore it, and so does the command (its shell starts with
+``trap '' USR1``), so only the wrapper acts on it: it sends the command SIGTERM and writes ``notice-<rank>.json``.
 
 Pure functions, plus :class:`JobFiles` for the little file I/O the broker does in the job directory.
 """
@@ -37,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import BadRequestError
-from broker.models import ExitReason, JobExit
-from providers.runtime.logs import parse_heartbeat, parse_log, parse_status
+from broker.models import ExitReason, JobExit, Notice
+from providers.runtime.logs import parse_heartbeat, parse_log, parse_notice, parse_status
 from providers.runtime.manifest import RunRequest, build_manifest, wrapper_source
 from providers.runtime.wrapper import WRAPPER_FAILED
 from providers.slurm.config import SlurmConfig
@@ -46,6 +52,17 @@ from providers.slurm.config import SlurmConfig
 CONTAINERS_ATTR = "containers"  # Offer.attrs: the pool's container runtime ("none": host only)
 NO_CONTAINERS = "none"
 TIME_LIMIT_MARGIN_S = 120.0  # Slurm's own limit lies this far past max_duration + the wrapper's grace
+
+# Interruption notices (issue 30). USR1: not TERM, which is also how Slurm ends a job (scancel, the broker's release,
+# the time limit's end, a preemption without send_user_signal), so the wrapper must keep stopping on it; not USR2,
+# left to workloads. The lead matches AWS's two minutes (and the lifecycle's DRAIN_WITHOUT_DEADLINE); Slurm may
+# send it up to 60 s sooner (its event resolution), never later.
+NOTICE_SIGNAL = "USR1"
+NOTICE_LEAD_S = 120
+SLURM_NOTICE = {"trap": f"SIG{NOTICE_SIGNAL}", "deliver": "SIGTERM"}  # the manifest's `notice` (wrapper Notices)
+# The shells Lockstep starts on the nodes, and the command's, ignore the signal: Slurm sends it to every process of
+# the job's steps (proctrack), and only the wrapper is to act on it. A process may still ask for it (a handler).
+IGNORE_NOTICE = f"trap '' {NOTICE_SIGNAL}"
 
 
 def no_container_reason() -> str:
@@ -95,6 +112,9 @@ class AttemptDir:
     def heartbeat(self, rank: int) -> Path:
         return self.path / f"heartbeat-{rank}.json"
 
+    def notice(self, rank: int) -> Path:
+        return self.path / f"notice-{rank}.json"
+
 
 def _safe(name: str) -> str:
     """A path component: no separators, no leading dots."""
@@ -102,9 +122,14 @@ def _safe(name: str) -> str:
     return cleaned or "_"
 
 
-def slurm_manifest(run: RunRequest, where: AttemptDir, container_runtime: str) -> dict[str, Any]:
+def slurm_manifest(run: RunRequest, where: AttemptDir, container_runtime: str, *,
+                   notice: bool = False) -> dict[str, Any]:
     """The wrapper's manifest (one for every node): rank from Slurm's environment, log and status to the
-    shared folder, the command in apptainer when that is the pool's runtime (pyxis wraps the wrapper itself)."""
+    shared folder, the command in apptainer when that is the pool's runtime (pyxis wraps the wrapper itself).
+    ``notice``: the job is submitted with Slurm's ``--signal`` (:func:`notice_signal`): the wrapper traps it, and
+    the command's shell starts ignoring it (Slurm sends it to the command too; the wrapper sends SIGTERM)."""
+    if notice:
+        run = run.model_copy(update={"command": f"{IGNORE_NOTICE}\n{run.command}"})
     container = None
     if run.image and container_runtime == "apptainer":
         container = {"runtime": "apptainer", "image": run.image}
@@ -116,6 +141,7 @@ def slurm_manifest(run: RunRequest, where: AttemptDir, container_runtime: str) -
         container=container,
         checkpoint_uri="" if run.checkpoint_uri else f"file://{where.checkpoints}/",
         checkpoint_dir="" if run.checkpoint_uri else f"{where.checkpoints}/",
+        notice=SLURM_NOTICE if notice else None,
     )
 
 
@@ -154,7 +180,7 @@ def _workdir_shell(where: AttemptDir, keep_failed_h: float) -> tuple[str, str]:
               f'find "$b" -mindepth 1 -maxdepth 1 -type d -regex "{LEGACY_WORKDIR_RE}" -mmin +{minutes} '
               '-exec rm -rf {} + 2>/dev/null; '
               f'export TMPDIR="$b/{workdir_name(where)}-n${{SLURM_NODEID}}"; mkdir -p "$TMPDIR"; '
-              "trap 'rm -rf \"$TMPDIR\"; exit 143' TERM; ")
+              "trap 'rm -rf \"$TMPDIR\"; exit 143' TERM; " + IGNORE_NOTICE + "; ")
     on_failure = f'touch "$TMPDIR/{FAILED_MARK}"' if minutes > 0 else 'rm -rf "$TMPDIR"'
     after = f'rc=$?; if [ "$rc" = 0 ]; then rm -rf "$TMPDIR"; else {on_failure}; fi; exit "$rc"'
     return before, after
@@ -209,6 +235,7 @@ def batch_script(where: AttemptDir, *, installation: str, image: str | None, con
     return (
         "#!/bin/bash\n"
         f"# submitted by Lockstep ({installation}): the in-job wrapper on every node (docs/runtime.md)\n"
+        + f"{IGNORE_NOTICE}  # the interruption notice is the wrappers' (scancel --full sends it here too)\n"
         + _ADDRS
         + f"{srun}\n"
         + "rc=$?\n"
@@ -217,13 +244,24 @@ def batch_script(where: AttemptDir, *, installation: str, image: str | None, con
     )
 
 
-def time_limit_min(run: RunRequest, estimate_min: int) -> int:
+def time_limit_min(run: RunRequest, estimate_min: int, *, notice_lead_s: float = 0.0) -> int:
     """Slurm's time limit: the workload's estimate, but never past max_duration (+ grace + a margin): Slurm
-    ends the job even if its wrapper did not stop the command."""
+    ends the job even if its wrapper did not stop the command. ``notice_lead_s``: a job submitted with
+    ``--signal`` has that much more past max_duration, so the notice never comes before the wrapper's own stop
+    (a job at its max_duration is done, not to be placed again)."""
     if not run.max_duration_s:
         return estimate_min
-    cap = math.ceil((run.max_duration_s + run.grace_s + TIME_LIMIT_MARGIN_S) / 60)
+    cap = math.ceil((run.max_duration_s + run.grace_s + TIME_LIMIT_MARGIN_S + notice_lead_s) / 60)
     return max(1, cap)
+
+
+def notice_signal(interruptible: bool, limit_min: int) -> tuple[str, int] | None:
+    """Slurm's ``--signal`` for a job (signal name, seconds before its end), or None: only a job that resumes from
+    checkpoints (``interruptible``) is warned, and only when its limit leaves room for the lead plus Slurm's 60 s
+    resolution (a shorter job would get it at once)."""
+    if not interruptible or limit_min * 60 < NOTICE_LEAD_S + 60:
+        return None
+    return NOTICE_SIGNAL, NOTICE_LEAD_S
 
 
 def slurm_exit_code(raw: int | None) -> int | None:
@@ -276,14 +314,45 @@ class JobFiles:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(manifest, fh, sort_keys=True)
         os.replace(tmp, where.manifest)
-        # The fence last, once this attempt is staged: every earlier attempt still running stops (wrapper).
+        # The fence last, once this attempt is staged: every earlier attempt still running stops (wrapper). Not
+        # over an attempt that heard the market's notice: placed again at the notice (make before break), it
+        # checkpoints until its command ends or the broker releases it, which moves the fence then (fence_past).
+        attempt = int(manifest["env"]["LOCKSTEP_ATTEMPT"])
+        if not self._noticed(AttemptDir.of(self.config.job_dir, self.installation, where.job_path.name,
+                                           attempt - 1)):
+            self._write_fence(where, attempt)
+
+    @staticmethod
+    def _write_fence(where: AttemptDir, attempt: int) -> None:
         tmp = where.fence.with_suffix(".tmp")
-        tmp.write_text(f"{manifest['env']['LOCKSTEP_ATTEMPT']}\n", encoding="utf-8")
+        tmp.write_text(f"{attempt}\n", encoding="utf-8")
         os.replace(tmp, where.fence)
 
-    async def stage(self, run: RunRequest) -> AttemptDir:
+    def _noticed(self, where: AttemptDir) -> bool:
+        return any(parse_notice(self._read(f)) is not None for f in where.path.glob("notice-*.json"))
+
+    def _fence_past(self, where: AttemptDir) -> None:
+        if not where.job_path.is_dir():
+            return  # not a job this directory runs (a burn-in probe)
+        try:
+            current = int(self._read(where.fence).strip() or 0)
+        except ValueError:
+            current = 0
+        attempt = int(where.path.name.removeprefix("a") or 0)
+        if current <= attempt:
+            self._write_fence(where, attempt + 1)
+
+    async def fence_past(self, where: AttemptDir) -> None:
+        """At a release: the fence moves past this attempt (if it is not past already), so that its wrapper, were it
+        still running where Slurm lost sight of it, stops (a draining attempt's, left unfenced by its replacement)."""
+        try:
+            await asyncio.to_thread(self._fence_past, where)
+        except OSError:
+            pass  # the fence is a second line: the release (scancel) is what ends the attempt
+
+    async def stage(self, run: RunRequest, *, notice: bool = False) -> AttemptDir:
         where = self.where(run.job_id, run.attempt)
-        manifest = slurm_manifest(run, where, self.config.container_runtime)
+        manifest = slurm_manifest(run, where, self.config.container_runtime, notice=notice)
         try:
             await asyncio.to_thread(self._stage, where, manifest)
         except OSError as exc:  # a job directory the broker cannot write: configuration, not capacity
@@ -315,6 +384,17 @@ class JobFiles:
     async def heartbeat(self, where: AttemptDir, rank: int) -> datetime | None:
         """When a node's wrapper last said it was alive (None: not yet; see ``wrapper_silent``)."""
         return parse_heartbeat(await asyncio.to_thread(self._read, where.heartbeat(rank)))
+
+    async def notice(self, where: AttemptDir, nodes: int) -> Notice | None:
+        """The interruption notice the first node (by rank) wrote beside its status; None while none came."""
+        def read() -> Notice | None:
+            for rank in range(nodes):
+                found = parse_notice(self._read(where.notice(rank)))
+                if found is not None:
+                    return found.model_copy(update={"rank": rank})
+            return None
+
+        return await asyncio.to_thread(read)
 
     async def batch_output(self, where: AttemptDir) -> str:
         return await asyncio.to_thread(self._read, where.batch_output)

@@ -595,10 +595,11 @@ class JobLifecycle:
             return
         await self.ended(alloc, state, reason)
 
-    async def ended(self, alloc: Allocation, state: AllocationState, reason: str) -> Allocation:
+    async def ended(self, alloc: Allocation, state: AllocationState, reason: str,
+                    ended_at: datetime | None = None) -> Allocation:
         """Record an allocation that no longer holds anything as ``state``, its cost booked once (the ledger's
-        ``book_end``: the market's billed time × its price)."""
-        return await self.ledger.book_end(alloc, state, reason)
+        ``book_end``: the market's billed time × its price); ``ended_at``: the caller's release just returned."""
+        return await self.ledger.book_end(alloc, state, reason, ended_at=ended_at)
 
     async def _archive_final(self, alloc: Allocation, provider: HasJobLogs) -> None:
         """Keep the log again once the released attempt's wrappers have logged their end (bounded by

@@ -127,7 +127,9 @@ class _Pass:
             return
         self.report.released.append(f"{p.name}:{','.join(a.resource_ids) or a.id} ({why})")
         if record is not None:  # recorded, and its cost booked (once: a crash may have ended it half-way)
-            await self.lifecycle.ended(record, AllocationState.released, why)
+            # Billing stopped now, at this release: not at the mark of an earlier release a crash cut short
+            # before the machine went (it was still listed, so that one never took it).
+            await self.lifecycle.ended(record, AllocationState.released, why, ended_at=self.lifecycle.clock())
 
     # ------------------------------------------------------------------ 1. list
     async def list_owned(self, providers: Mapping[str, Provider]) -> dict[str, list[Allocation]]:

@@ -4,6 +4,8 @@
   local processes) over a deterministic market of offers; ``python -m standins.vastapi.server`` runs it alone.
 - ``standins.ec2``: moto stores user data and runs none: this runs the boot script Lockstep generated as an EC2
   instance would (``Node``), and an instance metadata service (IMDSv2) on loopback (``FakeImds``).
+- ``standins.faults``: a proxy on loopback in front of a market's API that fails a seeded fraction of the
+  requests (503, 500, a dropped connection, an answer lost after the market acted): bench/leaks.py --faults.
 - ``standins.memory``: an in-memory market implementing the provider interface, for the router's, the
   lifecycle's and reconciliation's own logic, and for benchmarks that must not wait on a market.
 

@@ -7,7 +7,9 @@
   run with bash, with two programs of the machine replaced on ``PATH``: ``docker`` (the container runtime's
   part: runs the command's ``sh -c`` in the ``-w`` folder with only the ``-e`` variables) and ``shutdown``
   (an instance-initiated shutdown with terminate behaviour: terminates the instance at moto; or, with
-  ``shutdown_terminates=False``, only notes the call). Both note their argv in ``calls``.
+  ``shutdown_terminates=False``, only notes the call). Both note their argv in ``calls``. A boot started with
+  ``own_session=True`` can be powered off (``power_off``: every process of it at once), as when EC2 takes the
+  machine.
 - :func:`moto_subnets`: a VPC of its own at moto (10.213.0.0/16, one subnet per zone), so the instances'
   private addresses are ones this host does not use (tests/aws/loopback.py adds such addresses to ``lo`` for a
   test, so a node can listen on its "private IP").
@@ -157,7 +159,9 @@ if {terminates!r}:
     import boto3
     ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url={endpoint!r}, aws_access_key_id="testing",
                        aws_secret_access_key="testing")
-    ec2.terminate_instances(InstanceIds=[{instance!r}])
+    [res] = ec2.describe_instances(InstanceIds=[{instance!r}])["Reservations"]
+    if res["Instances"][0]["State"]["Name"] not in ("shutting-down", "terminated"):  # else EC2 took it already:
+        ec2.terminate_instances(InstanceIds=[{instance!r}])  # (moto would write a second termination time)
 '''
 
 
@@ -202,6 +206,7 @@ class Node:
             path.write_text(text)
             path.chmod(0o755)
         self.proc: asyncio.subprocess.Process | None = None
+        self.own_session = False
         self.exit_code: int | None = None
 
     def env(self) -> dict[str, str]:
@@ -211,13 +216,17 @@ class Node:
         return {"PATH": path, "HOME": "/root", "LANG": "C.UTF-8", "LOCKSTEP_DIR": str(self.work),
                 "LOCKSTEP_IMDS_URL": self.imds_url, "LOCKSTEP_SYSRQ": "0"}
 
-    async def start(self) -> None:
+    async def start(self, *, own_session: bool = False) -> None:
+        """Start the boot; ``own_session``: in a session (process group) of its own, so that
+        :meth:`power_off` can take every process of the machine at once."""
         env = self.env()
         for program in ("docker", "shutdown", "poweroff"):  # never the host's own
             assert shutil.which(program, path=env["PATH"]) == str(self.bin / program)
         with self.output.open("wb") as out:  # a local file, opened once: the console's log
             self.proc = await asyncio.create_subprocess_exec("bash", str(self.script), env=env, cwd=self.dir,
-                                                             stdout=out, stderr=subprocess.STDOUT)
+                                                             stdout=out, stderr=subprocess.STDOUT,
+                                                             start_new_session=own_session)
+        self.own_session = own_session
 
     async def wait(self, limit_s: float = 120) -> int:
         assert self.proc is not None
@@ -237,6 +246,19 @@ class Node:
         down."""
         assert self.proc is not None
         os.kill(self.proc.pid, signal.SIGTERM)
+
+    def power_off(self) -> None:
+        """The machine is gone (EC2 terminated it): SIGKILL to every process of a boot started with
+        ``own_session=True`` (to the boot script alone otherwise); nothing when it has ended."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        try:
+            if self.own_session:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            else:
+                self.proc.kill()
+        except ProcessLookupError:
+            pass
 
     def console(self) -> str:
         return self.output.read_text(errors="replace") if self.output.exists() else ""

@@ -90,7 +90,7 @@ from providers.runtime.logs import job_exit
 
 log = logging.getLogger(__name__)
 
-_GONE_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
+GONE_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
 # EC2's state reason when the instance's own OS shut it down: on a job's instance, its wrapper (or its boot
 # script) did, so the job ended there; it is no preemption even when no status reached the bucket.
 SELF_SHUTDOWN = "Client.InstanceInitiatedShutdown"
@@ -112,7 +112,7 @@ def launched_at(inst: dict[str, Any]) -> datetime | None:
 def stopped_at(inst: dict[str, Any]) -> datetime | None:
     """When EC2 says a stopped or terminated instance went down (its StateTransitionReason); None while it runs,
     or when the reason carries no time."""
-    if inst.get("State", {}).get("Name") not in _GONE_STATES:
+    if inst.get("State", {}).get("Name") not in GONE_STATES:
         return None
     m = _TRANSITION_AT.search(str(inst.get("StateTransitionReason") or ""))
     return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC) if m else None
@@ -496,7 +496,7 @@ class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory, ReportsEnd, Kee
         for chunk in chunks(ids):
             for inst in await self.ec2.instances(alloc.region, [{"Name": "instance-id", "Values": chunk}]):
                 found[inst["InstanceId"]] = inst
-        gone = [i for i in ids if i not in found or found[i]["State"]["Name"] in _GONE_STATES]
+        gone = [i for i in ids if i not in found or found[i]["State"]["Name"] in GONE_STATES]
         if gone:
             released = alloc.state is AllocationState.released or set(ids) <= self._released
             released = released or any(_tags(found[i]).get(RELEASED_TAG) for i in gone if i in found)

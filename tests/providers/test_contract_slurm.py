@@ -18,6 +18,7 @@ from tests.providers.kit import (
     DrainsNodesContract,
     HasHeartbeatContract,
     HasJobLogsContract,
+    HearsNoticesContract,
     KeepsBillingRecordContract,
     LaunchesContract,
     ListsNodesContract,
@@ -41,7 +42,7 @@ def most_free(offers: list[Offer]) -> Offer:
 
 class TestSlurm(OffersContract, LaunchesContract, DrainsNodesContract, ListsNodesContract, RunsBurnInContract,
                 HasJobLogsContract, KeepsBillingRecordContract, SignalsJobsContract, HasHeartbeatContract,
-                ReportsEndContract):
+                ReportsEndContract, HearsNoticesContract):
     provider_type = SlurmProvider
 
     @pytest.fixture

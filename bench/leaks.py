@@ -278,7 +278,7 @@ def transition_at(inst: dict[str, Any]) -> float | None:
     return at.timestamp() if at is not None else None
 
 
-def presigned(request: Any) -> bool:
+def presigned(request: Any, body: bytes) -> bool:
     """An S3 transfer by presigned URL: an instance's own (the wrapper, its manifest, its log and status)."""
     return "X-Amz-Signature" in request.query
 

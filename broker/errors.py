@@ -159,6 +159,11 @@ class BadRequestError(ProviderError):
     """The provider rejected the request as malformed or unsupported."""
 
 
+REFUSALS: tuple[type[ProviderError], ...] = (CapacityError, QuotaError, ProviderAuthError, BadRequestError)
+"""The provider errors that mean the market said no: a call that raised one of them changed nothing there. Any
+other error (a timeout, a 5xx, a lost answer) may have come after the market acted."""
+
+
 def error_from_api(code: str, message: str, field: str | None) -> LockstepError | None:
     """The domain error a server's error body stands for, by its code; None when no class has it
     (the request failed in the HTTP layer: auth, rate limit, a malformed request, a server error)."""

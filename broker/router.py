@@ -31,7 +31,7 @@ from pydantic import SecretStr
 
 from broker.config import Settings
 from broker.errors import (
-    BadRequestError,
+    REFUSALS,
     CapacityError,
     ConflictError,
     NotFoundError,
@@ -552,8 +552,8 @@ class Router:
         rather than move on and leave it running unrecorded until the next restart's reconciliation."""
         try:
             return await provider.launch(req)
-        except (CapacityError, QuotaError, ProviderAuthError, BadRequestError):
-            raise  # refusals: nothing was launched
+        except REFUSALS:
+            raise  # nothing was launched
         except Exception as launch_error:
             try:
                 held = await provider.owned()

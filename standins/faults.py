@@ -10,8 +10,9 @@ answer (bench/leaks.py ``--faults RATE``):
 
 Whether the n-th request (in the order the proxy receives them) is faulted, and how, depends on the seed and n
 alone (``random.Random(f"{seed}:{n}")``), so a schedule is reproducible; which call is the n-th depends on how
-the broker's calls interleave. ``spare`` names requests never faulted (counted in ``spared``): bench/leaks.py
-spares the instances' own presigned S3 transfers, so the faults stay on the broker's calls to the market.
+the broker's calls interleave. ``spare`` names requests never faulted (counted in ``spared``), from the request
+and its body: bench/leaks.py spares the instances' own presigned S3 transfers, so the faults stay on the broker's
+calls to the market. ``kinds`` narrows the faults drawn (a test of one kind on one call: every RunInstances lost).
 
 ``replay`` gives a request an idempotency key: a request whose key has been answered with a success before is
 answered with that answer again, never forwarded (``replayed`` counts them). :func:`ec2_client_token` is EC2's
@@ -82,9 +83,13 @@ class FaultProxy:
     """``await FaultProxy(upstream, rate, seed).start()``; ``url_for(url)`` is ``url`` through the proxy."""
 
     def __init__(self, upstream: str, rate: float, seed: int, *, error_body: ErrorBody = plain_error,
-                 spare: Callable[[web.Request], bool] | None = None, replay: ReplayKey | None = None) -> None:
+                 spare: Callable[[web.Request, bytes], bool] | None = None, replay: ReplayKey | None = None,
+                 kinds: tuple[str, ...] = KINDS) -> None:
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"a fault rate is a fraction (0 to 1), not {rate}")
+        if not kinds or set(kinds) - set(KINDS):
+            raise ValueError(f"fault kinds are some of {', '.join(KINDS)}, not {kinds}")
+        self.kinds = kinds
         parts = urlsplit(upstream)
         self.upstream = urlunsplit((parts.scheme, parts.netloc, "", "", ""))
         self.rate = rate
@@ -109,7 +114,7 @@ class FaultProxy:
     def fault_of(self, n: int) -> str | None:
         """The fault of the n-th request (from 0), or None: a function of the seed and n alone."""
         rng = random.Random(f"{self.seed}:{n}")
-        return rng.choice(KINDS) if rng.random() < self.rate else None
+        return rng.choice(self.kinds) if rng.random() < self.rate else None
 
     @property
     def total(self) -> int:
@@ -137,7 +142,7 @@ class FaultProxy:
         body = await request.read()
         n = self.seen
         self.seen += 1
-        if self.spare is not None and self.spare(request):
+        if self.spare is not None and self.spare(request, body):
             self.spared += 1
             kind = None
         else:

@@ -38,7 +38,7 @@ from typing import Any
 
 from aiobotocore.session import AioSession
 
-from broker.errors import BadRequestError, ProviderError
+from broker.errors import REFUSALS, BadRequestError, ProviderError
 from broker.models import (
     PER_SECOND_MIN_60,
     Allocation,
@@ -411,21 +411,39 @@ class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory, ReportsEnd, Kee
         )
         try:
             resp = await self.ec2.request(region, "run_instances", **params)
-        except ProviderError:
-            if group:  # nothing runs in it: do not leave it behind (the launch error is what matters)
-                try:
-                    await self.delete_placement_group(region, group)
-                except ProviderError as cleanup:
-                    log.warning("aws: placement group %s not removed after a failed launch: %s", group, cleanup)
-            if self.runs is not None and where is not None:
-                await self.runs.forget(where)  # a manifest nobody will read still holds the secrets
-            raise
+        except ProviderError as exc:
+            # A refusal bought nothing. Any other error may have come after EC2 acted (the answer lost): look
+            # for what the token bought before giving up the manifest its instances would boot from.
+            bought = [] if isinstance(exc, REFUSALS) else await self._bought_despite(region, token, exc)
+            if bought:
+                log.info("aws: %s attempt %d launched despite %s (client token match)", req.job_id, req.attempt,
+                         type(exc).__name__)
+                resp = {"Instances": bought}
+            else:
+                if group:  # nothing runs in it: do not leave it behind (the launch error is what matters)
+                    try:
+                        await self.delete_placement_group(region, group)
+                    except ProviderError as cleanup:
+                        log.warning("aws: placement group %s not removed after a failed launch: %s", group, cleanup)
+                if self.runs is not None and where is not None and bought is not None:
+                    await self.runs.forget(where)  # a manifest nobody will read still holds the secrets
+                raise
         instances = resp.get("Instances") or []
         alloc = self._allocation(req.job_id, req.attempt, provider, region, instances, offer=offer)
         if where is not None:
             alloc.attrs[RUNTIME_ATTR] = where.uri
         await self._publish_peers(alloc, instances)
         return alloc
+
+    async def _bought_despite(self, region: str, token: str, exc: ProviderError) -> list[dict[str, Any]] | None:
+        """What a launch that raised ``exc`` (not a refusal) bought after all; None when that cannot be told
+        (then the manifest stays: an instance may boot from it, and its release deletes it)."""
+        try:
+            return await self.find_by_token(region, token)
+        except ProviderError as lookup:
+            log.warning("aws: cannot tell whether a launch that raised %s went through: %s", type(exc).__name__,
+                        lookup)
+            return None
 
     async def _publish_peers(self, alloc: Allocation, instances: list[dict[str, Any]], *, again: bool = False) -> None:
         """Write the attempt's ``peers.json``: at launch, again when a launch is adopted (``again``), and at the

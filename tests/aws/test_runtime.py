@@ -262,3 +262,64 @@ async def test_a_long_log_goes_up_in_parts_and_reads_back_whole_with_a_heartbeat
     lines = [ln.text for ln in parse_log(await run_aws.job_log(alloc)) if ln.stream == "out"]
     assert lines == [str(n) for n in range(1, 60001)]
     assert await run_aws.heartbeat(alloc) is not None
+
+
+def runs_instances(request: Any, body: bytes) -> bool:
+    return b"Action=RunInstances" in body
+
+
+async def launch_through_faults(runtime_config: AwsConfig, aws_session: Any, aws_moto: str, kind: str,
+                                req_of: Any) -> tuple[Any, Exception | None, int]:
+    """Launch with every RunInstances call faulted by ``kind`` (EC2's ClientToken replayed as EC2 does); the
+    allocation or the error, and how many RunInstances calls the proxy saw."""
+    from standins.faults import FaultProxy, aws_error, ec2_client_token
+
+    proxy = await FaultProxy(aws_moto, 1.0, 1, kinds=(kind,), error_body=aws_error,
+                             spare=lambda r, b: not runs_instances(r, b), replay=ec2_client_token).start()
+    try:
+        config = runtime_config.model_copy(update={"endpoint_url": proxy.url})  # S3 stays straight at moto
+        async with AwsProvider(config, installation=INSTALLATION, session=aws_session) as aws:
+            req = req_of(await a10g(aws))
+            try:
+                return await aws.launch(req), None, proxy.total
+            except Exception as exc:
+                return None, exc, proxy.total
+    finally:
+        await proxy.stop()
+
+
+async def test_a_launch_whose_answer_was_lost_is_found_by_its_token_and_boots_from_its_manifest(
+    runtime_config: AwsConfig, aws_session: Any, aws_moto: str, tmp_path: Path
+) -> None:
+    """EC2 bought the instance but its every answer was lost: the launch returns what the token bought, and the
+    manifest the instance boots from is kept (deleting it would leave a paid machine with nothing to run)."""
+    alloc, error, calls = await launch_through_faults(
+        runtime_config, aws_session, aws_moto, "lost", lambda offer: request(offer, "echo ran-$LOCKSTEP_ATTEMPT"))
+    assert error is None and calls >= 2  # the transport retried; every answer was lost
+    assert len(alloc.resource_ids) == 1
+    where = RunLocation.of(runtime_config, INSTALLATION, "job-rt", 1)
+    assert alloc.attrs["runtime"] == where.uri and s3_text(aws_moto, where.manifest) is not None
+    assert len(ec2_client(aws_moto).describe_instances()["Reservations"]) == 1  # one instance, not one per retry
+    node = await boot_one(alloc, aws_moto, tmp_path)
+    assert node.exit_code == 0, node.console()
+    async with AwsProvider(runtime_config, installation=INSTALLATION, session=aws_session) as aws:
+        status = await aws.poll(alloc)
+        assert status.state is AllocationState.succeeded, status
+        lines = parse_log(await aws.job_log(alloc))
+        assert [ln.text for ln in lines if ln.stream == "out"] == ["ran-1"]
+
+
+async def test_a_launch_refused_before_ec2_acted_leaves_no_manifest_behind(
+    runtime_config: AwsConfig, aws_session: Any, aws_moto: str
+) -> None:
+    """Every RunInstances answered 503 before it reached EC2: nothing was bought, so the manifest (it holds the
+    job's secret values) is deleted and the error stands."""
+    alloc, error, calls = await launch_through_faults(
+        runtime_config, aws_session, aws_moto, "503",
+        lambda offer: request(offer, "echo hi", secrets={"HF_TOKEN": SECRET}))
+    assert alloc is None and getattr(error, "retryable", False) and calls >= 1, error
+    assert SECRET not in str(error)
+    where = RunLocation.of(runtime_config, INSTALLATION, "job-rt", 1)
+    assert s3_text(aws_moto, where.manifest) is None
+    assert s3_text(aws_moto, where.wrapper) is not None  # staged, harmless: no secret in it
+    assert ec2_client(aws_moto).describe_instances()["Reservations"] == []

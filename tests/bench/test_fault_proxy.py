@@ -74,7 +74,7 @@ async def test_each_fault_does_what_it_says(upstream: tuple[str, list[str]]) -> 
 
 async def test_spared_requests_pass_and_the_rest_never_reach_the_market(upstream: tuple[str, list[str]]) -> None:
     url, hits = upstream
-    proxy = await FaultProxy(url, 1.0, 3, spare=lambda request: "X-Amz-Signature" in request.query).start()
+    proxy = await FaultProxy(url, 1.0, 3, spare=lambda request, body: "X-Amz-Signature" in request.query).start()
     try:
         async with httpx.AsyncClient(timeout=10) as client:
             resp = await client.get(proxy.url_for(f"{url}/bucket/key?X-Amz-Signature=abc"))

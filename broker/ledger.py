@@ -10,7 +10,9 @@ Billed time follows the market's own billing, not the broker's polls: an allocat
 market started it (``running_since``: the market's own start where its poll reports one, else the first
 poll that saw it running), never while it waits in the market's queue; at its end, a market that keeps its
 own record (:class:`~providers.capabilities.KeepsBillingRecord`, Slurm's start and end times) is asked for
-the span, which is then what is booked, per the market's granularity (``Provider.billing``).
+the span, which is then what is booked, per the market's granularity (``Provider.billing``). Where that record
+cannot be read at the end (the market's API failing just then), the broker's own span is booked and marked
+(``BILLING_DUE``); reconciliation asks again (``confirm_billing``) and books the difference once it can.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -37,8 +40,20 @@ STOP_AT = "stop_at"  # attrs: a stop for cost was signalled; the machines are re
 STOP_REASON = "stop_reason"  # attrs: why (a budget spent, the job's max_cost_usd)
 NOTICE_AT = "notice_at"  # attrs: when the market's interruption notice was heard (the allocation is draining)
 NOTICE_DEADLINE = "notice_deadline"  # attrs: when the market said it takes the machine
+BILLING_DUE = "billing_due"  # attrs: booked from the broker's own span; the market's record is still to be read
 # Allocation states in which the provider no longer runs anything for the job.
 ENDED = (AllocationState.released, AllocationState.failed, AllocationState.succeeded, AllocationState.preempted)
+
+
+@dataclass(frozen=True)
+class _Booking:
+    """What an ended allocation is booked: its end, billed seconds and cost; ``due``: the market's record could
+    not be read, so these are the broker's own."""
+
+    end: datetime
+    billed_s: float
+    cost: float
+    due: bool
 
 
 class Ledger:
@@ -181,33 +196,62 @@ class Ledger:
         its billed time, rounded per its market's granularity. The billed time is the market's own record where
         it keeps one; else from when it started billing (``running_since``, or its launch for one that ended
         before any poll saw it run) to its release (``ended_at``) — or to when a release a crash interrupted began.
-        Nothing is booked
-        for an allocation that never reached the provider, or that its market never started."""
-        provider = self.providers.get(alloc.provider)
-        billing = provider.billing if provider is not None else Provider.billing
+        Nothing is booked for an allocation that never reached the provider, or that its market never started.
+        A record that cannot be read now leaves the booking marked ``BILLING_DUE`` (see ``confirm_billing``)."""
         current = await asyncio.to_thread(self.store.get_allocation, alloc.id)
         attrs = {**current.attrs, **alloc.attrs}
         # ``ended_at``: a release call just returned (the market stopped billing now); else the moment a release
         # a crash interrupted began, or now.
         end = ended_at or (datetime.fromisoformat(attrs[RELEASING]) if RELEASING in attrs else self.clock())
-        launched = bool(current.resource_ids or alloc.resource_ids)
-        seconds = (end - billing_start(current.created_at, attrs)).total_seconds() if launched else 0.0
-        if launched and isinstance(provider, KeepsBillingRecord) and current.cost_usd is None:
+        held = current.model_copy(update={"resource_ids": current.resource_ids or alloc.resource_ids,
+                                          "attrs": attrs})
+        booking = await self._billed(held, end, ask_market=current.cost_usd is None)
+        if booking.due:
+            attrs[BILLING_DUE] = "1"
+        done, booked = await asyncio.to_thread(
+            self.store.end_allocation, alloc.id, state=state, reason=reason, ended_at=booking.end,
+            cost_usd=booking.cost, billed_s=booking.billed_s, attrs=attrs if booking.due else None)
+        if booked and booking.cost:
+            log.info("allocation %s of job %s ended: %.0f s billed, $%.4f", alloc.id, alloc.job_id,
+                     booking.billed_s, booking.cost)
+        return done
+
+    async def confirm_billing(self, alloc: Allocation) -> bool:
+        """Book an allocation marked ``BILLING_DUE`` again from its market's record, now that it may be read:
+        the difference goes to its job's spend, and the mark goes. False while the record still cannot be read
+        (the mark stays for the next pass) or when another writer confirmed it first."""
+        if BILLING_DUE not in alloc.attrs or alloc.cost_usd is None or alloc.ended_at is None:
+            return False
+        booking = await self._billed(alloc, alloc.ended_at, ask_market=True)
+        if booking.due:
+            return False
+        attrs = {k: v for k, v in alloc.attrs.items() if k != BILLING_DUE}
+        rebooked = await asyncio.to_thread(
+            self.store.rebook_allocation, alloc.id, was_usd=alloc.cost_usd, cost_usd=booking.cost,
+            billed_s=booking.billed_s, ended_at=booking.end, attrs=attrs)
+        if rebooked:
+            log.info("allocation %s of job %s: the market's record books %.0f s, $%.4f (was $%.4f)", alloc.id,
+                     alloc.job_id, booking.billed_s, booking.cost, alloc.cost_usd)
+        return rebooked
+
+    async def _billed(self, alloc: Allocation, end: datetime, *, ask_market: bool) -> _Booking:
+        """What ``alloc`` (its resource ids and attrs complete), ended at ``end`` by the broker's own view, is
+        billed: the market's record where it keeps one and ``ask_market``, else the broker's own span."""
+        provider = self.providers.get(alloc.provider)
+        billing = provider.billing if provider is not None else Provider.billing
+        launched = bool(alloc.resource_ids)
+        seconds = (end - billing_start(alloc.created_at, alloc.attrs)).total_seconds() if launched else 0.0
+        due = False
+        if launched and ask_market and isinstance(provider, KeepsBillingRecord):
             try:
-                span = await provider.billed_span(current.model_copy(
-                    update={"resource_ids": current.resource_ids or alloc.resource_ids}))
-            except (ProviderError, OSError) as exc:  # the market cannot say now: the broker's own view stands
-                log.warning("billing record of %s not read: %s", alloc.id, exc)
-                span = None
+                span = await provider.billed_span(alloc)
+            except (ProviderError, OSError) as exc:  # the market cannot say now: the broker's own view, for now
+                log.warning("billing record of %s not read (asked again later): %s", alloc.id, exc)
+                span, due = None, True
             if span is not None and span.start is None:
                 launched = False  # queued, never run: the market billed nothing
             elif span is not None and span.start is not None:
                 end = span.end or end
                 seconds = (end - span.start).total_seconds()
         billed = billing.billed_seconds(seconds) if launched else 0.0
-        cost = current.usd_per_hour * billed / 3600.0
-        done, booked = await asyncio.to_thread(self.store.end_allocation, alloc.id, state=state, reason=reason,
-                                               ended_at=end, cost_usd=cost, billed_s=billed)
-        if booked and cost:
-            log.info("allocation %s of job %s ended: %.0f s billed, $%.4f", alloc.id, alloc.job_id, billed, cost)
-        return done
+        return _Booking(end=end, billed_s=billed, cost=alloc.usd_per_hour * billed / 3600.0, due=due)

@@ -408,7 +408,7 @@ class BrokerLoops:
         report = await reconcile(self.store, self.market.providers, clock=self.clock, exclusive=False,
                                  lifecycle=self.lifecycle)
         self.reconciled = (self.clock(), report)
-        if report.released or report.failed_intents or report.requeued or report.to_provisioning:
+        if report.released or report.failed_intents or report.requeued or report.to_provisioning or report.rebooked:
             log.info("periodic reconciliation: %s", report)
 
     async def start(self, *, reconcile_first: bool = True) -> None:

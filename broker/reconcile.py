@@ -1,6 +1,6 @@
 """Reconciliation: after a crash (or on any start), make the store and the providers agree.
 
-One pass runs four phases, in this order:
+One pass runs five phases, in this order:
 
 1. **List** (:meth:`_Pass.list_owned`): every provider that can launch lists what this
    installation owns there (by tag, label or job comment).
@@ -13,6 +13,9 @@ One pass runs four phases, in this order:
 4. **Resolve jobs left mid-way** (:meth:`_Pass.resolve_jobs`): jobs stuck in ``placing``
    go on to ``provisioning`` when they hold an allocation, else back to ``pending``;
    ``provisioning``/``running`` jobs whose allocation is gone are requeued.
+5. **Confirm late bookings** (:meth:`_Pass.confirm_billing`): an allocation booked from
+   the broker's own span because its market's record could not be read at its end is
+   booked again from that record once it can be.
 
 A provider that cannot be listed is left alone: nothing of it is released and
 none of its jobs is requeued on a guess. Job state changes go through
@@ -32,6 +35,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, Field
 
 from broker.errors import ConflictError, NotFoundError, ProviderError
+from broker.ledger import BILLING_DUE
 from broker.lifecycle import JobLifecycle
 from broker.models import HOLDING, Allocation, AllocationState, Job, JobState, utcnow
 from broker.store import LIVE_STATES
@@ -44,6 +48,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LIVE_ALLOC = LIVE_STATES  # the store's definition of a live allocation (its one-live-per-job index)
+# How long after its end a booking is checked against its market's record again (sacct's default purge is far
+# later; a record still unreadable after a week keeps the broker's own span).
+BILLING_RECORD_WINDOW = timedelta(days=7)
 
 
 class ReconcileReport(BaseModel):
@@ -53,6 +60,7 @@ class ReconcileReport(BaseModel):
     to_provisioning: list[str] = Field(default_factory=list)
     requeued: list[str] = Field(default_factory=list)
     unreachable: dict[str, str] = Field(default_factory=dict)
+    rebooked: list[str] = Field(default_factory=list)  # bookings confirmed against the market's record late
 
 
 def _same(a: Allocation, b: Allocation) -> bool:
@@ -88,6 +96,7 @@ async def reconcile(
     await run.settle_held(providers, owned)
     await run.fail_unacted_intents(owned)
     await run.resolve_jobs()
+    await run.confirm_billing(providers)
     return run.report
 
 
@@ -222,6 +231,16 @@ class _Pass:
                 self.report.failed_intents.append(rec.id)
 
     # ------------------------------------------------------------------ 4. jobs left mid-way
+    async def confirm_billing(self, providers: Mapping[str, Provider]) -> None:
+        """Book again, from the market's record, what was booked from the broker's own span because that record
+        could not be read at the allocation's end (the ledger's ``BILLING_DUE``), for a week after its end."""
+        ledger = self.lifecycle.ledger
+        due = await asyncio.to_thread(self.store.billing_due, BILLING_DUE, self.now - BILLING_RECORD_WINDOW)
+        for alloc in due:
+            if alloc.provider in providers and alloc.provider not in self.report.unreachable \
+                    and await ledger.confirm_billing(alloc):
+                self.report.rebooked.append(alloc.id)
+
     async def resolve_jobs(self) -> None:
         """Every job in placing, provisioning or running: see :meth:`resolve_job`."""
         for job in await asyncio.to_thread(self.store.jobs_in_states, list(HOLDING)):

@@ -736,12 +736,14 @@ class JobStore(Database):
         return None
 
     def end_allocation(self, alloc_id: str, *, state: AllocationState, reason: str, ended_at: datetime,
-                       cost_usd: float, billed_s: float) -> tuple[Allocation, bool]:
+                       cost_usd: float, billed_s: float,
+                       attrs: dict[str, str] | None = None) -> tuple[Allocation, bool]:
         """Record an allocation as ended (``state``) and book its cost into its job, in one transaction.
 
         The cost is booked only while the allocation has none (``cost_usd IS NULL``): a second end of the same
         record (a retried release, a reconcile after a crash) changes its state and reason, never the spend.
-        Returns the allocation and whether this call booked it.
+        ``attrs``: written with the booking (only by the call that books). Returns the allocation and whether
+        this call booked it.
         """
         now = utcnow()
         with self._tx() as conn:
@@ -750,7 +752,8 @@ class JobStore(Database):
             booked = False
             if row.cost_usd is None:
                 book = ALLOCS.update().where(ALLOCS.c.id == alloc_id, ALLOCS.c.cost_usd.is_(None)).values(
-                    cost_usd=cost_usd, billed_s=billed_s, ended_at=ended_at)
+                    cost_usd=cost_usd, billed_s=billed_s, ended_at=ended_at,
+                    **({"attrs": attrs} if attrs is not None else {}))
                 booked = bool(conn.execute(book).rowcount)
                 if booked and cost_usd:
                     self._job_row(conn, row.job_id, lock=True)
@@ -763,6 +766,30 @@ class JobStore(Database):
             return _alloc(self._alloc_row(conn, alloc_id)), booked
 
     # ------------------------------------------------------------------ logs kept past the machine
+
+    def rebook_allocation(self, alloc_id: str, *, was_usd: float, cost_usd: float, billed_s: float,
+                          ended_at: datetime, attrs: dict[str, str]) -> bool:
+        """Book an ended allocation again (its market's record read late): its cost, billed time, end and attrs,
+        and the difference into its job's spend, in one transaction — only while it is still booked at
+        ``was_usd`` (compare-and-set: two passes confirming one booking move the spend once)."""
+        with self._tx() as conn:
+            row = self._alloc_row(conn, alloc_id)
+            done = conn.execute(ALLOCS.update().where(ALLOCS.c.id == alloc_id, ALLOCS.c.cost_usd == was_usd).values(
+                cost_usd=cost_usd, billed_s=billed_s, ended_at=ended_at, attrs=attrs, updated_at=utcnow())).rowcount
+            if done and cost_usd != was_usd:
+                self._job_row(conn, row.job_id, lock=True)
+                conn.execute(JOBS.update().where(JOBS.c.id == row.job_id).values(
+                    spent_usd=JOBS.c.spent_usd + (cost_usd - was_usd)))
+            return bool(done)
+
+    def billing_due(self, key: str, since: datetime) -> list[Allocation]:
+        """Ended allocations since ``since`` whose attrs hold ``key`` (the ledger's mark of a booking still to be
+        checked against its market's record), oldest first."""
+        q = (sa.select(ALLOCS).where(ALLOCS.c.ended_at >= since, ALLOCS.c.cost_usd.is_not(None),
+                                     sa.cast(ALLOCS.c.attrs, sa.Text).like(f'%"{key}"%'))
+             .order_by(ALLOCS.c.ended_at, ALLOCS.c.id))
+        with self._tx(write=False) as conn:
+            return [_alloc(r) for r in conn.execute(q) if key in (r.attrs or {})]
 
     def archive_log(self, alloc_id: str, rank: int, text: str, *, truncated: bool = False) -> None:
         """Keep (or replace) node ``rank``'s log of an allocation. The caller has masked secret values."""

@@ -13,7 +13,8 @@ from datetime import timedelta
 import pytest
 
 from broker.config import SecretsConfig
-from broker.ledger import RELEASING
+from broker.errors import TransientError
+from broker.ledger import BILLING_DUE, RELEASING
 from broker.lifecycle import JobLifecycle
 from broker.models import (
     HOURLY,
@@ -25,12 +26,13 @@ from broker.models import (
     Job,
     JobExit,
     JobState,
+    Offer,
     month_start,
 )
 from broker.reconcile import reconcile
 from broker.secrets import SecretSources
 from broker.store import Store
-from providers.capabilities import HasJobLogs
+from providers.capabilities import BilledSpan, HasJobLogs, KeepsBillingRecord
 from standins.memory import NOW, Clock, MemoryProvider, offer, placed_job, poll, router_over, submit_and_place
 
 
@@ -156,6 +158,62 @@ async def test_reconciliation_books_a_machine_it_releases_up_to_its_own_release(
     assert rec.state is AllocationState.released and rec.ended_at == NOW + timedelta(hours=2)
     assert rec.cost_usd == pytest.approx(7.2)
     assert store.get_job(job.id).spent_usd == pytest.approx(7.2)
+
+
+class RecordKeepingMarket(KeepsBillingRecord, MemoryProvider):
+    """Keeps its own record of each allocation's billed span (as Slurm's sacct and EC2's launch and state
+    transition times do), whose API may fail just when the booking asks for it."""
+
+    def __init__(self, name: str, offers: list[Offer]) -> None:
+        super().__init__(name, offers)
+        self.record: dict[str, BilledSpan] = {}
+        self.record_error: Exception | None = None
+        self.asked = 0
+
+    async def billed_span(self, alloc: Allocation) -> BilledSpan | None:
+        self.asked += 1
+        if self.record_error is not None:
+            raise self.record_error
+        return self.record.get(alloc.resource_ids[0])
+
+
+async def test_a_booking_made_while_the_markets_record_was_unreadable_is_booked_again_from_it(store: Store) -> None:
+    """The market's billing API failed at the end: the broker's own span is booked for now, marked, and the next
+    reconciliation books the market's span instead — the difference into the job's spend, once."""
+    mem, job, alloc = await placed_job(store, usd_per_hour=3.6)
+    market = RecordKeepingMarket("mem", [])
+    market.held = mem.held
+    clock = Clock()
+    life = JobLifecycle(store, {"mem": market}, clock=clock)
+    market.set_state(alloc, AllocationState.running)
+    assert await poll(life, market, alloc.id) is JobState.running
+    clock.now = NOW + timedelta(minutes=10)
+    market.end(alloc, JobExit(exit_code=0))
+    # The market billed 10 s less than the broker saw (it started the machine later than the first poll).
+    market.record[alloc.resource_ids[0]] = BilledSpan(start=NOW + timedelta(seconds=10),
+                                                      end=NOW + timedelta(minutes=10))
+    market.record_error = TransientError("mem", "billing API timed out")
+    assert await poll(life, market, alloc.id) is JobState.succeeded
+    rec = store.get_allocation(alloc.id)
+    assert rec.billed_s == 600 and rec.cost_usd == pytest.approx(0.6) and rec.attrs[BILLING_DUE] == "1"
+    assert store.get_job(job.id).spent_usd == pytest.approx(0.6)
+
+    # Still unreadable at the next pass: nothing changes, the mark stays.
+    clock.now = NOW + timedelta(minutes=15)
+    report = await reconcile(store, {"mem": market}, clock=clock, lifecycle=life)
+    assert report.rebooked == [] and BILLING_DUE in store.get_allocation(alloc.id).attrs
+
+    market.record_error = None
+    report = await reconcile(store, {"mem": market}, clock=clock, lifecycle=life)
+    assert report.rebooked == [alloc.id]
+    rec = store.get_allocation(alloc.id)
+    assert rec.billed_s == 590 and rec.cost_usd == pytest.approx(0.59) and BILLING_DUE not in rec.attrs
+    assert rec.ended_at == NOW + timedelta(minutes=10)
+    assert store.get_job(job.id).spent_usd == pytest.approx(0.59)
+    assert store.tenant_spend(job.tenant, month_start(NOW), clock.now) == pytest.approx(0.59)
+    asked = market.asked
+    assert (await reconcile(store, {"mem": market}, clock=clock, lifecycle=life)).rebooked == []
+    assert market.asked == asked and store.get_job(job.id).spent_usd == pytest.approx(0.59)  # asked once, moved once
 
 
 class LoggingMarket(HasJobLogs, MemoryProvider):

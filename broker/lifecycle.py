@@ -442,6 +442,11 @@ class JobLifecycle:
 
     async def _on_preempted(self, job: Job, alloc: Allocation, state: AllocationState, reason: str,
                             hosts: list[str], exit: JobExit | None) -> JobState | None:
+        if STOP_REASON in alloc.attrs:
+            # Signalled to stop for its cost, it ended on that signal (a market that reads a stop by signal as
+            # its machine going away, AWS's): the end the broker asked for, not a preemption to requeue.
+            return await self._on_end(job, alloc, AllocationState.failed, reason or "stopped by its signal",
+                                      hosts, exit)
         return await self.requeue_preempted(job, alloc, reason or "preempted by the provider")
 
     async def _on_gone(self, job: Job, alloc: Allocation, state: AllocationState, reason: str, hosts: list[str],

@@ -22,7 +22,7 @@ capability             methods                                          who has 
 :class:`HearsNotices`  notice (+ Launches)                              aws, slurm
 :class:`AssemblesNodes`  launch of ``members`` (+ Launches)               vast
 :class:`KeepsBillingRecord`  billed_span (+ Launches)                     slurm, aws
-:class:`SignalsJobs`   signal (+ Launches)                              slurm
+:class:`SignalsJobs`   signal (+ Launches)                              slurm, aws, reserved
 =====================  ===============================================  ====================
 
 A new ability (job logs, teardown, a Kubernetes pool's namespaces…) is one more mix-in
@@ -265,7 +265,8 @@ class KeepsBillingRecord(Launches):
 
 
 class SignalsJobs(Launches):
-    """Can send a signal to a running job's processes without ending the job (Slurm's ``scancel --signal``):
+    """Can send a signal to a running job's processes without ending the job (Slurm's ``scancel --signal``;
+    AWS's control object in the run-time bucket, read by the wrapper):
     a job stopped for its budget gets SIGTERM and a checkpoint window before its machines are released."""
 
     @abc.abstractmethod

@@ -85,6 +85,7 @@ from providers.capabilities import (
     HearsNotices,
     KeepsBillingRecord,
     ReportsEnd,
+    SignalsJobs,
 )
 from providers.runtime.logs import job_exit
 
@@ -134,7 +135,8 @@ def _tags(instance: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in instance.get("Tags") or []}
 
 
-class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory, ReportsEnd, KeepsBillingRecord, HearsNotices):
+class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory, ReportsEnd, KeepsBillingRecord, HearsNotices,
+                  SignalsJobs):
     """EC2 spot and on-demand capacity (see module docstring)."""
 
     name = "aws"
@@ -601,6 +603,16 @@ class AwsProvider(HasJobLogs, HasHeartbeat, HasSpotPriceHistory, ReportsEnd, Kee
         if self.runs is None or not alloc.resource_ids:
             return None
         return await self.runs.notice(self.runs.location_of(alloc), len(alloc.resource_ids))
+
+    async def signal(self, alloc: Allocation, name: str = "TERM") -> None:
+        """Signal the attempt's commands through its control object in the run-time bucket (EC2 has no call that
+        reaches a process): each node's wrapper reads it every few seconds and sends ``name`` to its command.
+        Needs the run-time contract (``aws.runtime_bucket``); an attempt launched before Lockstep wrote control
+        objects has a wrapper that never reads one."""
+        if self.runs is None:
+            raise BadRequestError(self.name, "signalling a job needs aws.runtime_bucket (docs/aws.md)",
+                                  "NoRuntimeBucket")
+        await self.runs.signal(self.runs.location_of(alloc), time.time_ns(), name)
 
     async def billed_span(self, alloc: Allocation) -> BilledSpan | None:
         """EC2's own record of the attempt's instances: from their launch (``LaunchTime``) to the last one's stop

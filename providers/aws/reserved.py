@@ -28,7 +28,7 @@ from providers.aws.instance_types import GpuType
 from providers.aws.offers import make_offer, query_accepts
 from providers.aws.provider import AwsProvider
 from providers.base import LaunchRequest, OfferQuery
-from providers.capabilities import HasJobLogs
+from providers.capabilities import HasJobLogs, SignalsJobs
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def _group_name(arn: str | None) -> str:
     return arn.rsplit("/", 1)[-1] if arn else ""
 
 
-class ReservedProvider(HasJobLogs):
+class ReservedProvider(HasJobLogs, SignalsJobs):
     """EC2 capacity reservations and operator-configured pools, at marginal cost."""
 
     name = "reserved"
@@ -175,6 +175,9 @@ class ReservedProvider(HasJobLogs):
 
     async def job_log(self, alloc: Allocation, *, rank: int = 0) -> str:
         return await self.aws.job_log(alloc, rank=rank)
+
+    async def signal(self, alloc: Allocation, name: str = "TERM") -> None:
+        await self.aws.signal(alloc, name)  # EC2 instances like any other: their attempt's control object
 
     async def aclose(self) -> None:
         if self._owns_aws:

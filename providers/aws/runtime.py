@@ -15,6 +15,8 @@ through presigned URLs (one operation on one object, for a limited time)::
                                        first, then log-<rank>.p<n>.txt
         a<attempt>/heartbeat-<rank>.json  each node's wrapper, alive            instance PUT, broker GET
         a<attempt>/status-<rank>.json  each node's exit status                  instance PUT, broker GET
+        a<attempt>/control.json        a signal from the broker to the job       broker PUT (SignalsJobs),
+                                       (``{"seq": n, "signal": "SIGTERM"}``)      instance GET every few seconds
         checkpoints/                   LOCKSTEP_CHECKPOINT_URI of every attempt (unless the spec names one);
                                        the workload writes it with its own instance profile
 
@@ -98,6 +100,10 @@ class RunLocation:
     def status(self, rank: int) -> str:
         return f"{self.prefix}status-{rank}.json"
 
+    @property
+    def control(self) -> str:
+        return self.prefix + "control.json"
+
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
     """'s3://bucket/key' → ('bucket', 'key'); ('', '') for anything else."""
@@ -138,10 +144,21 @@ def launch_order(inst: Mapping[str, Any]) -> tuple[int, str]:
 AWS_NOTICE = {"imds": True, "every_s": 5.0, "rebalance": True, "deliver": "SIGTERM"}
 
 
+# How often a node's wrapper reads the attempt's control object (a signal from the broker): a SIGTERM for a
+# budget reaches the job within this, well inside its checkpoint window (broker.budget_grace_s, 120 s).
+CONTROL_EVERY_S = 5.0
+
+
+def control_document(seq: int, signal_name: str) -> bytes:
+    """The control object: a signal to the job (``SIGTERM``…), ``seq`` larger than any before it."""
+    name = signal_name.upper()
+    return json.dumps({"seq": seq, "signal": name if name.startswith("SIG") else "SIG" + name}).encode("utf-8")
+
+
 def aws_manifest(run: RunRequest, *, log_urls: Mapping[str, str], status_urls: Mapping[str, str],
                  peers_url: str, data_url: str, checkpoint_uri: str, efa: bool,
                  part_urls: Mapping[str, Sequence[str]] | None = None,
-                 heartbeat_urls: Mapping[str, str] | None = None) -> dict[str, Any]:
+                 heartbeat_urls: Mapping[str, str] | None = None, control_url: str = "") -> dict[str, Any]:
     """The wrapper's manifest for one attempt on EC2: the command in ``docker run`` of the job's image,
     rank from the peer list (multi-node, by instance id from IMDSv2), log and status to presigned URLs, and
     an instance-initiated shutdown at the end."""
@@ -155,7 +172,8 @@ def aws_manifest(run: RunRequest, *, log_urls: Mapping[str, str], status_urls: M
         rendezvous=rendezvous,
         logs={"put_urls": dict(log_urls), "status_put_urls": dict(status_urls), "stdout": True,
               "part_urls": {r: list(u) for r, u in (part_urls or {}).items()}, "part_bytes": LOG_PART_BYTES,
-              "heartbeat_put_urls": dict(heartbeat_urls or {})},
+              "heartbeat_put_urls": dict(heartbeat_urls or {}),
+              **({"control_url": control_url, "control_every_s": CONTROL_EVERY_S} if control_url else {})},
         container=container,
         shutdown=SHUTDOWN,
         data_url=data_url,
@@ -229,6 +247,7 @@ class RunFiles:
             run, log_urls=log_urls, status_urls=status_urls, peers_url=peers_url,
             data_url=await self._data_url(run, after_boot), checkpoint_uri=where.checkpoint_uri, efa=efa,
             part_urls=part_urls, heartbeat_urls=beat_urls,
+            control_url=await self.s3.presign("get_object", where.control, upload),
         )
         if mode.mode == uploads.INSTANCE_PROFILE:
             folder = uploads.attempt_folder(req.job_id, req.attempt)
@@ -287,6 +306,10 @@ class RunFiles:
         bodies = await asyncio.gather(*(self.s3.get(where.heartbeat(r)) for r in range(nodes)))
         found = [n.model_copy(update={"rank": r}) for r, b in enumerate(bodies) if (n := parse_notice(b))]
         return found[0] if found else None
+
+    async def signal(self, where: RunLocation, seq: int, signal_name: str) -> None:
+        """Write the attempt's control object: every node's wrapper sends ``signal_name`` to its command."""
+        await self.s3.put(where.control, control_document(seq, signal_name), "application/json")
 
     async def forget(self, where: RunLocation) -> None:
         """Delete the attempt's manifest (it holds the job's secret values); logs and statuses stay."""

@@ -32,6 +32,7 @@ INSTANCE_PROFILE = "instance_profile"
 PRESIGNED = "presigned"
 MAX_PRESIGN_S = 604_800  # SigV4's limit: 7 days
 SYNC_EVERY_S = 15  # how often the profile mode's boot script ships the node's log and status
+CONTROL_EVERY_S = 5  # and fetches the broker's control object (a signal to the job)
 # botocore's credential providers that read only the environment and files (never the network).
 STATIC_PROVIDERS = ("env", "shared-credentials-file", "config-file", "ec2-credentials-file", "boto-config")
 
@@ -142,6 +143,8 @@ def profile_manifest(manifest: Mapping[str, Any], folder: str, *, folder_uri: st
     out = dict(manifest)
     logs = {k: v for k, v in (manifest.get("logs") or {}).items() if k not in ("put_urls", "status_put_urls")}
     logs.update(file=f"{folder}/out/log-{{rank}}.txt", status_dir=f"{folder}/out")
+    if logs.pop("control_url", None):  # the boot script keeps the control object fetched, with the role
+        logs["control_file"] = f"{folder}/control.json"
     out["logs"] = logs
     if nodes > 1:
         rdzv = {k: v for k, v in (manifest.get("rendezvous") or {}).items() if k != "peers_url"}
@@ -179,6 +182,9 @@ def profile_boot_script(job_id: str, attempt: int, *, folder_uri: str, region: s
         f'( while sleep {SYNC_EVERY_S}; do aws s3 sync "$D/out/" "$S3" --exclude ".*" --only-show-errors '
         '--region "$R"; done ) &',
     ]
+    lines.append("# A signal from the broker (control.json, written by SignalsJobs), fetched as the wrapper reads it.")
+    lines.append(f'( while sleep {CONTROL_EVERY_S:g}; do aws s3 cp --only-show-errors --region "$R" "$S3"control.json '
+                 '"$D/.control.json" 2>/dev/null && mv "$D/.control.json" "$D/control.json"; done ) &')
     if nodes > 1:
         lines.append('( until [ -s "$D/peers.json" ]; do fetch peers.json "$D/.peers.json" 2>/dev/null && '
                      'mv "$D/.peers.json" "$D/peers.json"; sleep 5; done ) &')

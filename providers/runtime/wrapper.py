@@ -934,6 +934,59 @@ def watch_fence(manifest: dict, runner: Runner, log: Log, every_s: float = 2.0) 
     threading.Thread(target=watch, name="lockstep-fence", daemon=True).start()
 
 
+def read_control(logs: dict) -> Optional[dict]:
+    """The broker's control document for this attempt (``logs.control_url``, a presigned GET, or
+    ``logs.control_file``, a file a boot script keeps fetched), None while there is none."""
+    import urllib.error
+
+    url, path = logs.get("control_url"), logs.get("control_file")
+    try:
+        if url:
+            raw = http("GET", url, None, None, timeout=10, attempts=2)
+        elif path:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        else:
+            return None
+        doc = json.loads(raw.decode("utf-8") or "{}")
+    except urllib.error.HTTPError:  # 404 (none yet), 403 (its URL expired): none to act on
+        return None
+    except (OSError, ValueError):  # unreachable now, or half written: asked again next round
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def watch_control(manifest: dict, runner: Runner, deliver: Callable[[int], None], log: Log) -> None:
+    """Signals from the broker where the market cannot send one itself (AWS; docs/runtime.md, "Signals from
+    the broker"): the broker writes ``{"seq": n, "signal": "SIGTERM"}`` to the attempt's control object, each new
+    ``seq`` a new signal; the wrapper reads it every ``logs.control_every_s`` seconds (5) and hands the signal to
+    ``deliver`` as if the market had sent it (a stop for SIGTERM/INT/HUP, passed on for the rest). One thread."""
+    logs = manifest.get("logs") or {}
+    if not (logs.get("control_url") or logs.get("control_file")):
+        return
+    every = max(0.05, float(logs.get("control_every_s") or 5.0))
+
+    def watch() -> None:
+        last = 0
+        while runner.returncode is None:
+            doc = read_control(logs)
+            try:
+                seq = int((doc or {}).get("seq") or 0)
+            except (TypeError, ValueError):
+                seq = 0
+            name = str((doc or {}).get("signal") or "")
+            if seq > last:
+                last = seq
+                if name in SIGNALS and hasattr(signal, name):
+                    log.line("lockstep", "%s from the broker" % name)
+                    deliver(int(getattr(signal, name)))
+                else:
+                    log.line("lockstep", "the broker's control names no signal this wrapper sends: %r" % name)
+            time.sleep(every)
+
+    threading.Thread(target=watch, name="lockstep-control", daemon=True).start()
+
+
 class Notices:
     """The market's interruption notice (issue 30; docs/runtime.md, "Interruption notices").
 
@@ -1210,6 +1263,10 @@ class Job:
         if notices is not None and notices.is_trap(signum):
             notices.trapped.set()  # the notice watcher acts on it (a handler only sets flags)
             return
+        self.deliver(signum)
+
+    def deliver(self, signum: int) -> None:
+        """A signal to the job: the command stops on SIGTERM/INT/HUP (the rest are passed on only)."""
         runner = self.runner
         if runner is None:
             return  # before the command: the run stops at its next step (stopped())
@@ -1312,6 +1369,7 @@ def main(argv: Optional[List[str]] = None, environ: Optional[dict] = None) -> in
         runner = Runner(cmd, env, workdir, log, float(manifest.get("grace_s", 30)), heartbeat)
         job.runner = runner
         watch_fence(manifest, runner, log)
+        watch_control(manifest, runner, job.deliver, log)
         job.notices.watch(runner, log, heartbeat)
         if job.stopped():  # the signal came while the command was starting
             runner.request_stop("signal")

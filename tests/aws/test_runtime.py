@@ -323,3 +323,39 @@ async def test_a_launch_refused_before_ec2_acted_leaves_no_manifest_behind(
     assert s3_text(aws_moto, where.manifest) is None
     assert s3_text(aws_moto, where.wrapper) is not None  # staged, harmless: no secret in it
     assert ec2_client(aws_moto).describe_instances()["Reservations"] == []
+
+
+async def test_a_signal_from_the_broker_reaches_the_command_through_the_control_object(
+    run_aws: AwsProvider, aws_moto: str, tmp_path: Path
+) -> None:
+    """SignalsJobs on EC2 (a stop for cost's SIGTERM): the broker writes the attempt's control object; the node's
+    wrapper reads it, the command gets SIGTERM, checkpoints in its trap and exits; the end is the wrapper's."""
+    offer = await a10g(run_aws)
+    alloc = await run_aws.launch(request(
+        offer, "trap 'echo checkpointed; exit 0' TERM; touch started; while true; do sleep 0.1; done"))
+    where = RunLocation.of(run_aws.config, INSTALLATION, "job-rt", 1)
+    manifest = json.loads(s3_text(aws_moto, where.manifest) or "{}")
+    assert "control.json" in manifest["logs"]["control_url"]
+    async with FakeImds() as imds:
+        node = Node(aws_moto, alloc.resource_ids[0], tmp_path, imds)
+        await node.start()
+        for _ in range(240):
+            if node.files("started"):
+                break
+            await asyncio.sleep(0.25)
+        assert node.files("started"), node.console()
+        await run_aws.signal(alloc, "TERM")
+        assert json.loads(s3_text(aws_moto, where.control) or "{}")["signal"] == "SIGTERM"
+        await asyncio.wait_for(node.wait(), 60)
+    status = await run_aws.poll(alloc)
+    assert status.state in (AllocationState.preempted, AllocationState.failed), status  # the lifecycle's to judge
+    out = [ln.text for ln in parse_log(await run_aws.job_log(alloc))]
+    assert "SIGTERM from the broker" in out and "checkpointed" in out, out
+
+
+async def test_signalling_without_a_runtime_bucket_is_refused_in_one_line(aws: AwsProvider) -> None:
+    offer = await a10g(aws)
+    alloc = await aws.launch(request(offer, "sleep 60"))
+    with pytest.raises(BadRequestError, match=r"aws\.runtime_bucket"):
+        await aws.signal(alloc, "TERM")
+    await aws.release(alloc)

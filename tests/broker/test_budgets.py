@@ -170,6 +170,24 @@ async def test_a_job_that_ends_in_its_checkpoint_window_says_why_it_was_stopped(
     assert mem.released == alloc.resource_ids
 
 
+async def test_a_job_whose_market_reads_the_stop_signal_as_a_preemption_ends_and_is_not_requeued(
+        store: Store) -> None:
+    """AWS's poll answers ``preempted`` for a wrapper stopped by a signal (its machine going away, as a rule): after
+    a stop for cost, that is the end the broker asked for — failed with the budget's reason, never requeued."""
+    mem = SignalingMemory("mem", [offer("mem", "a", 4.0)])
+    w = await world(store, mem, action=BudgetAction.signal_then_stop)
+    job = await w.submit()
+    alloc = await w.run(job)
+    w.at(2.6)
+    await w.watch.check()
+    assert mem.signals == [(alloc.resource_ids[0], "TERM")]
+    mem.set_state(alloc, AllocationState.preempted)
+    assert await w.poll(alloc) is JobState.failed
+    done = store.get_job(job.id)
+    assert done.reason.startswith("budget: tenant acme has spent") and "stopped" in done.reason
+    assert done.preemptions == 0 and mem.released == alloc.resource_ids
+
+
 async def test_stop_releases_at_once_where_the_tenant_says_stop(store: Store) -> None:
     w = await world(store, action=BudgetAction.stop)
     job = await w.submit()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -84,6 +84,9 @@ class Subject:
     # DrainsNodes / RunsBurnIn: a node to use; RunsBurnIn: a directory the node shares with this host.
     node: str = ""
     shared_dir: Path | None = None
+    # Where the market's machines do not run anything themselves (moto): run a launched allocation's boot as
+    # its machine would, until its command ends (SignalsJobs needs a command that hears the signal).
+    boot: Callable[[Allocation], Awaitable[None]] | None = None
 
 
 def launch_request(subject: Subject, offer: Offer, *, attempt: int = 0) -> LaunchRequest:
@@ -253,13 +256,18 @@ class SignalsJobsContract:
         assert isinstance(p, SignalsJobs)
         offers = [o for o in await p.offers(subject.query) if matches(o, subject.query)]
         alloc = await p.launch(launch_request(subject, subject.pick(offers)))
+        booted = asyncio.create_task(subject.boot(alloc)) if subject.boot is not None else None
         try:
             await eventually(lambda: p.poll(alloc), lambda s: s.state is AllocationState.running,
                              f"{p.name}: running")
+            if isinstance(p, HasHeartbeat):  # its wrapper is up (it beats once its command starts)
+                await eventually(lambda: p.heartbeat(alloc), lambda b: b is not None, f"{p.name}: a heartbeat")
             await p.signal(alloc, "TERM")
             await eventually(lambda: p.poll(alloc), lambda s: s.state in _DONE, f"{p.name}: ended by the TERM")
         finally:
             await p.release(alloc)
+            if booted is not None:
+                await asyncio.wait_for(booted, 60)
 
 
 class HasHeartbeatContract:

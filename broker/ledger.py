@@ -54,6 +54,7 @@ class _Booking:
     billed_s: float
     cost: float
     due: bool
+    from_record: bool = False  # the market's own record was read (and is what is booked)
 
 
 class Ledger:
@@ -223,7 +224,7 @@ class Ledger:
         if BILLING_DUE not in alloc.attrs or alloc.cost_usd is None or alloc.ended_at is None:
             return False
         booking = await self._billed(alloc, alloc.ended_at, ask_market=True)
-        if booking.due:
+        if not booking.from_record:  # still unreadable, or no market here to ask: the booking stands, marked
             return False
         attrs = {k: v for k, v in alloc.attrs.items() if k != BILLING_DUE}
         rebooked = await asyncio.to_thread(
@@ -241,7 +242,7 @@ class Ledger:
         billing = provider.billing if provider is not None else Provider.billing
         launched = bool(alloc.resource_ids)
         seconds = (end - billing_start(alloc.created_at, alloc.attrs)).total_seconds() if launched else 0.0
-        due = False
+        due = from_record = False
         if launched and ask_market and isinstance(provider, KeepsBillingRecord):
             try:
                 span = await provider.billed_span(alloc)
@@ -249,9 +250,11 @@ class Ledger:
                 log.warning("billing record of %s not read (asked again later): %s", alloc.id, exc)
                 span, due = None, True
             if span is not None and span.start is None:
-                launched = False  # queued, never run: the market billed nothing
+                launched, from_record = False, True  # queued, never run: the market billed nothing
             elif span is not None and span.start is not None:
                 end = span.end or end
                 seconds = (end - span.start).total_seconds()
+                from_record = True
         billed = billing.billed_seconds(seconds) if launched else 0.0
-        return _Booking(end=end, billed_s=billed, cost=alloc.usd_per_hour * billed / 3600.0, due=due)
+        return _Booking(end=end, billed_s=billed, cost=alloc.usd_per_hour * billed / 3600.0, due=due,
+                        from_record=from_record)

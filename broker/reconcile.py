@@ -90,8 +90,9 @@ async def reconcile(
     ``lifecycle``: the job state changes to use (one over ``store`` when not given).
     """
     single_writer = store.is_sqlite if exclusive is None else exclusive
-    run = _Pass(store, lifecycle or JobLifecycle(store, clock=clock), now=clock(), single_writer=single_writer,
-                stale_after=stale_after)
+    # The lifecycle (and its ledger) knows the providers: how each market bills, and where it keeps its own record.
+    life = lifecycle or JobLifecycle(store, providers, clock=clock)
+    run = _Pass(store, life, now=clock(), single_writer=single_writer, stale_after=stale_after)
     owned = await run.list_owned(providers)
     await run.settle_held(providers, owned)
     await run.fail_unacted_intents(owned)

@@ -204,7 +204,9 @@ async def test_a_booking_made_while_the_markets_record_was_unreadable_is_booked_
     assert report.rebooked == [] and BILLING_DUE in store.get_allocation(alloc.id).attrs
 
     market.record_error = None
-    report = await reconcile(store, {"mem": market}, clock=clock, lifecycle=life)
+    blind = JobLifecycle(store, {}, clock=clock)  # a ledger that knows no market: nothing to ask, nothing moves
+    assert await blind.ledger.confirm_billing(store.get_allocation(alloc.id)) is False
+    report = await reconcile(store, {"mem": market}, clock=clock)  # its own lifecycle, over these providers
     assert report.rebooked == [alloc.id]
     rec = store.get_allocation(alloc.id)
     assert rec.billed_s == 590 and rec.cost_usd == pytest.approx(0.59) and BILLING_DUE not in rec.attrs

@@ -451,6 +451,83 @@ def spot_zone_costs(markets: Sequence[SpotMarket], *, here: int, changeover_hour
     return out
 
 
+def expected_down_hours(model: AvailabilityModel, age_hours: float) -> float:
+    """How much longer an outage that has lasted ``age_hours`` is expected to go on, from the model's down-hazards."""
+    return expected_up_hours(AvailabilityModel(model.step_hours, model.down_hazard, model.up_hazard), age_hours)
+
+
+@dataclass(frozen=True)
+class ZoneMove:
+    """Where a job should start spot instead of what its home plan chose: ``zone`` (None: the plan's choice stands)."""
+
+    zone: int | None
+    reason: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+
+def spot_zone_move(markets: Sequence[SpotMarket], *, here: int, plan: str, running_on_demand: bool,
+                   hours_left: float, work_left_hours: float, changeover_hours: float, migration_hours: float,
+                   migration_usd: float, spot_usd_per_hour: float, ondemand_usd_per_hour: float,
+                   decision_interval_hours: float) -> ZoneMove:
+    """Whether a job whose checkpoint lies in zone ``here`` should move to start spot in another zone.
+
+    ``plan`` is what the single-zone plan chose on ``here``'s market: ``"on-demand"`` (start it, or
+    stay on it; ``running_on_demand`` says which) or ``"wait"``. A move is weighed against *that*
+    choice, not against on-demand alone:
+
+    - never while the slack no longer covers two changeovers with the migration (the safety net);
+    - instead of waiting only when waiting at home is expected to run the slack out: the home
+      outage is expected (:func:`expected_down_hours`, at its present age) to outlast the slack
+      left beyond two changeovers with the migration. Otherwise waiting is free and the plan,
+      which meets spot's return at home without a move, keeps the job there;
+    - per zone with spot, the USD per hour of progress (:func:`spot_zone_costs`, with the switch
+      back to on-demand when that spot is lost) must be below the on-demand price;
+    - and, when the move gives up something that costs nothing more to keep — a running
+      on-demand instance (a start on spot there pays a changeover now and one back later) or a
+      free wait — the plan of the remote zone itself (:func:`spot_choice` on its model and present,
+      the migration's time and its egress at the on-demand price counted in the changeover, the
+      slack left) must also prefer a spot start there. Its age-dependent hazards turn down the young
+      runs of a flapping market, which the expected run length alone overrates; a job just
+      started on on-demand needs no such check (it pays a changeover either way).
+
+    The cheapest zone left wins. Pure: the simulator and the live router call it alike.
+    """
+    if plan not in ("on-demand", "wait"):
+        raise ValueError(f"plan must be 'on-demand' or 'wait', not {plan!r}")
+    overhead = changeover_hours + migration_hours
+    numbers: dict[str, Any] = {"plan": plan, "slack_hours": round(hours_left - work_left_hours, 3)}
+    if must_run_on_demand(hours_left, work_left_hours, overhead, decision_interval_hours):
+        return ZoneMove(None, "slack no longer covers two changeovers with the migration: no move", numbers)
+    home = markets[here]
+    if plan == "wait":
+        outage = 0.0 if home.up else expected_down_hours(home.model, home.age_hours)
+        numbers["home_outage_hours"] = round(outage, 3)
+        if outage < hours_left - work_left_hours - 2 * overhead:
+            return ZoneMove(None, "waiting at home is free: its outage is expected to end within the slack",
+                            numbers)
+    costs = spot_zone_costs(markets, here=here, changeover_hours=changeover_hours, migration_hours=migration_hours,
+                            migration_usd=migration_usd, spot_usd_per_hour=spot_usd_per_hour,
+                            switch_back_usd=changeover_hours * ondemand_usd_per_hour)
+    costs.pop(here, None)  # the checkpoint's own spot was the plan's to take, and it did not
+    if running_on_demand or plan == "wait":
+        egress_hours = migration_usd / ondemand_usd_per_hour if ondemand_usd_per_hour > 0 else 0.0
+        for z in list(costs):
+            there = spot_choice(hours_left=hours_left, work_left_hours=work_left_hours,
+                                changeover_hours=overhead + egress_hours, spot_usd_per_hour=spot_usd_per_hour,
+                                ondemand_usd_per_hour=ondemand_usd_per_hour,
+                                running=Market.on_demand if running_on_demand else None, model=markets[z].model,
+                                spot_up=True, spot_age_hours=markets[z].age_hours,
+                                decision_interval_hours=decision_interval_hours)
+            if there.if_available is not Market.spot:
+                del costs[z]
+    numbers["usd_per_progress_hour"] = {z: round(c, 3) for z, c in sorted(costs.items())}
+    best = min(costs, key=lambda z: (costs[z], z), default=None)
+    if best is None or costs[best] >= ondemand_usd_per_hour:
+        return ZoneMove(None, "no other zone's spot pays for the move", numbers)
+    return ZoneMove(best, f"spot in zone {best}: ${costs[best]:.2f} per progress hour against on-demand's "
+                          f"${ondemand_usd_per_hour:.2f}", numbers)
+
+
 @dataclass(frozen=True)
 class SpotChoice:
     """What to run: ``if_available`` when a spot launch would succeed now, ``if_unavailable`` otherwise.

@@ -37,12 +37,7 @@ from broker.simulate.deadline import (
 )
 from broker.simulate.traces import SpotTrace
 from policies.placement import Situation, candidates, decide, rebalance
-from policies.spot import (
-    SpotMarket,
-    must_run_on_demand,
-    plan_step_hours,
-    spot_zone_costs,
-)
+from policies.spot import SpotMarket, plan_step_hours, spot_zone_move
 
 
 @dataclass(frozen=True)
@@ -153,17 +148,16 @@ class FixedZones:
 
 class LockstepZones:
     """The broker's policy across zones: the single-zone ``decide`` / ``rebalance`` / ``candidates`` on the market
-    where the job's checkpoint lies, and a move to another zone where it replaces on-demand for less.
+    where the job's checkpoint lies, and a move to another zone's spot where it beats what that plan chose.
 
     - The plan runs as in one zone, on the checkpoint's zone (its model from that zone's history,
-      its present): waiting there is free, so a job the plan would keep waiting never pays to move.
-    - Where the plan would run on-demand (start it, or stay on it), a spot start in another zone
-      is weighed instead: ``policies.spot.spot_zone_costs`` — the spot price plus the changeover,
-      the migration's time and its egress, and the changeover back to on-demand when that spot is
-      lost, spread over the hours spot is expected to stay there —
-      against the on-demand price. The cheapest zone below it wins; none: on-demand where the
-      checkpoint is. Never while the slack no longer covers two changeovers with the migration
-      (the safety net, as in one zone).
+      its present).
+    - Where the plan would run on-demand (start it, or stay on it) or wait, a spot start in another
+      zone is weighed against that choice by ``policies.spot.spot_zone_move`` (pure; the live
+      router can call it alike): no move while waiting is free (the home outage is expected to end
+      within the slack), none that does not cost less than on-demand per hour of progress, and,
+      when it gives up a running on-demand instance or a wait, none that the remote zone's own
+      plan would not start. No move: the plan's choice where the checkpoint is.
     - A running spot instance is kept.
     """
 
@@ -194,24 +188,27 @@ class LockstepZones:
         mode = _launch(candidates(self.options, decision), step.available[step.zone])
         if mode is Mode.on_demand:
             return self._instead_of_on_demand(step, markets)
+        if mode is Mode.idle:
+            return self._elsewhere(step, markets, "wait", mode)
         return mode, step.zone
 
     def _instead_of_on_demand(self, step: ZoneStep, markets: list[SpotMarket]) -> tuple[Mode, int]:
         """On-demand where the checkpoint is, or spot elsewhere where a progress hour costs less."""
+        return self._elsewhere(step, markets, "on-demand", Mode.on_demand)
+
+    def _elsewhere(self, step: ZoneStep, markets: list[SpotMarket], plan: str, mode: Mode) -> tuple[Mode, int]:
+        """The plan's ``mode`` where the checkpoint is, or spot in the zone ``spot_zone_move`` picks."""
         job = self.job
-        hours_left, work_left = (job.deadline - step.elapsed) / 3600.0, step.work_left / 3600.0
-        if must_run_on_demand(hours_left, work_left, (job.changeover + self.migration.seconds) / 3600.0,
-                              self.gap / 3600.0):
-            return Mode.on_demand, step.zone
-        costs = spot_zone_costs(markets, here=step.zone, changeover_hours=job.changeover / 3600.0,
-                                migration_hours=self.migration.hours, migration_usd=self.migration.usd,
-                                spot_usd_per_hour=job.spot_price,
-                                switch_back_usd=job.changeover / 3600.0 * job.ondemand_price)
-        costs.pop(step.zone, None)  # the checkpoint's own spot was the plan's to take, and it did not
-        best = min(costs, key=lambda z: (costs[z], z), default=None)
-        if best is not None and costs[best] < job.ondemand_price:
-            return Mode.spot, best
-        return Mode.on_demand, step.zone
+        move = spot_zone_move(markets, here=step.zone, plan=plan, running_on_demand=step.mode is Mode.on_demand,
+                              hours_left=(job.deadline - step.elapsed) / 3600.0,
+                              work_left_hours=step.work_left / 3600.0, changeover_hours=job.changeover / 3600.0,
+                              migration_hours=self.migration.hours, migration_usd=self.migration.usd,
+                              spot_usd_per_hour=job.spot_price, ondemand_usd_per_hour=job.ondemand_price,
+                              decision_interval_hours=self.gap / 3600.0)
+        # spot_zone_move only names a zone its market shows up, which is this tick's trace; kept as a guard
+        if move.zone is not None and step.available[move.zone]:
+            return Mode.spot, move.zone
+        return mode, step.zone
 
 
 class OneZone:

@@ -88,6 +88,28 @@ def test_lockstep_moves_to_the_zone_with_spot_and_never_misses() -> None:
     assert best.cost <= multi.cost + 1e-9
 
 
+def test_lockstep_leaves_a_wait_that_would_run_the_slack_out_and_never_chases_flapping_spot() -> None:
+    """A scarce home (ten-hour outages, brief returns) loses spot: single-zone lockstep waits until the slack is
+    gone, then pays on-demand. Across zones, once the outage is expected to outlast the slack, the job moves to
+    lasting spot elsewhere (once, long before on-demand); a flapping zone instead is never worth a move, and the
+    job does what it does in one zone."""
+    gap = 600
+    scarce = np.array(([False] * 60 + [True] * 2) * 17)[:1008]
+    home = np.r_[np.ones(3, bool), np.zeros(300, bool)]
+    job = DeadlineJob(20, 30, 0.2, 0.918, 3.06)
+    single = simulate(job, home, gap, Lockstep(scarce, gap))
+    calm = simulate_zones(job, np.array([home, np.ones(303, bool)]), gap,
+                          LockstepZones(np.array([scarce, np.ones(1008, bool)]), gap), Migration(200, 1.0))
+    assert calm.met_deadline and calm.moves == 1
+    moved_at = next(seg.start for z, seg in calm.zone_segments if z == 1)
+    first_od = next(seg.start for seg in single.segments if seg.mode is Mode.on_demand)
+    assert moved_at < first_od / 4 and calm.cost < single.cost / 2
+    flap = [i % 3 != 0 for i in range(1008)]
+    flapping = simulate_zones(job, np.array([home, flap[:303]]), gap, LockstepZones(np.array([scarce, flap]), gap),
+                              Migration(200, 1.0))
+    assert flapping.met_deadline and flapping.moves == 0 and flapping.cost == pytest.approx(single.cost)
+
+
 def test_spot_zone_costs_prefer_home_unless_a_move_pays() -> None:
     calm = availability_model([True] * 1000 + [False] + [True] * 1000, 600)
     flaky = availability_model([i % 3 != 0 for i in range(2000)], 600)

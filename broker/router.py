@@ -60,8 +60,19 @@ from broker.spot_markets import SpotMarkets
 from broker.store import LIVE_STATES
 from policies.assembly import is_assembled, member_ids
 from policies.book import DEFAULT_SPOT_PREEMPTIONS_PER_HOUR
-from policies.placement import DECISION_INTERVAL_HOURS, Decision, Situation, candidates, decide, progress_hours
+from policies.placement import (
+    DECISION_INTERVAL_HOURS,
+    Decision,
+    Route,
+    Situation,
+    candidates,
+    decide,
+    progress_hours,
+    spot_elsewhere,
+    where,
+)
 from policies.ranking import quote as rank_quote
+from policies.spot import SpotMarket
 from providers.base import LaunchRequest
 from providers.capabilities import Launches, RunsBurnIn
 from providers.runtime.manifest import RunRequest
@@ -329,6 +340,38 @@ class Router:
             late_onprem=late_onprem,
         )
 
+    def zone_markets(self, job: Job, options: Sequence[QuoteOption], now: datetime) -> dict[str, SpotMarket]:
+        """The spot markets of the places (zones, else regions) other than the first spot option's that the
+        job's spot options are in, as the spot plan sees them. Blocking (store reads)."""
+        deadline = self.deadline(job)
+        spots = [o for o in options if o.market is Market.spot]
+        if deadline is None or not spots:
+            return {}
+        out: dict[str, SpotMarket] = {}
+        for o in spots:
+            if where(o) != where(spots[0]) and where(o) not in out:
+                out[where(o)] = self.spot_markets.market(o, submitted=job.created_at, deadline=deadline, now=now)
+        return out
+
+    async def _elsewhere(self, job: Job, options: list[QuoteOption], situation: Situation,
+                         decision: Decision) -> tuple[Decision, list[QuoteOption]]:
+        """``policies.placement.spot_elsewhere``: where the plan on the first spot option's market chose on-demand
+        or to wait, another zone's spot by expected cost (the multi-zone simulator's function). Chosen, the
+        job's spot options are that zone's only."""
+        home = situation["spot_market"]
+        if home is None or decision.allow_spot or decision.route not in (Route.cloud, Route.wait):
+            return decision, options
+        if len({where(o) for o in options if o.market is Market.spot}) < 2:
+            return decision, options
+        markets = await self._db(self.zone_markets, job, options, situation["now"])
+        decision, place = spot_elsewhere(
+            job.spec, options, decision, now=situation["now"], deadline=situation["deadline"],
+            done_hours=situation["done_hours"], home=home, markets=markets,
+            restart_minutes=situation["restart_minutes"], decision_interval_hours=situation["decision_interval_hours"])
+        if place is None:
+            return decision, options
+        return decision, [o for o in options if o.market is not Market.spot or where(o) == place]
+
     # ------------------------------------------------------------------ placing
     async def place(self, job: Job, unhealthy: dict[tuple[str, str], str] | None = None, *,
                     now: datetime | None = None) -> PlacementResult:
@@ -362,6 +405,7 @@ class Router:
         else:  # never attempted, no spot market to weigh: nothing to read, no thread hop
             situation = self.situation(job, options, now, history=())
         decision = self.decide(job, options, situation, budget_left, q.late_onprem)
+        decision, options = await self._elsewhere(job, options, situation, decision)
         tries_allowed = self.settings.broker.max_launch_tries
         cands = candidates(options, decision)
         if not cands:

@@ -23,14 +23,14 @@ recorded traces.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, TypedDict
 
 from broker.models import Allocation, AllocationState, JobSpec, Market, QuoteOption
-from policies.spot import SpotChoice, SpotMarket, spot_choice
+from policies.spot import SpotChoice, SpotMarket, spot_choice, spot_zone_move
 
 CLOUD_MARKETS = frozenset({Market.spot, Market.on_demand})
 # How long until the live broker decides again for a pending job (its retry, 15 s) plus a poll (5 s)
@@ -277,6 +277,76 @@ def rebalance(
            "stay on on-demand: the plan would move to spot, but spot was last seen gone" if wants else
            "stay on on-demand")
     return Decision(Route.cloud, f"{why} ({planned.reason})", move, planned.numbers, on_demand_fallback=False)
+
+
+def where(option: QuoteOption) -> str:
+    """An option's spot market's place: its zone, else its region (as the broker's market keys name it)."""
+    return option.zone or option.region
+
+
+def spot_elsewhere(
+    spec: JobSpec,
+    options: Sequence[QuoteOption],
+    decision: Decision,
+    *,
+    now: datetime,
+    deadline: datetime | None,
+    done_hours: float,
+    home: SpotMarket,
+    markets: Mapping[str, SpotMarket],
+    restart_minutes: float = 10.0,
+    decision_interval_hours: float = DECISION_INTERVAL_HOURS,
+) -> tuple[Decision, str | None]:
+    """Across zones, live: where :func:`decide` on the first spot option's market (``home``) chose on-demand or to
+    wait, a spot start in another zone or region the spec allows — ``markets``, by :func:`where` — is weighed
+    against that choice by ``policies.spot.spot_zone_move``, the function the multi-zone simulator calls
+    (broker/simulate/zones.py). Each other place is weighed with its own cheapest spot option's price; the
+    cheapest per progress hour that pays for the move wins. The options' costs already carry moving the job's
+    data to their place (the ranking's egress); the move adds the difference in egress between the two
+    places' options, and no checkpoint transfer (its size is not in the spec).
+
+    Returns the decision (unchanged, or spot there with its numbers under ``zone_move``) and the place chosen
+    (None: none)."""
+    if decision.allow_spot or decision.route not in (Route.cloud, Route.wait) or deadline is None \
+            or not spec.interruptible:
+        return decision, None
+    spots = [o for o in options if o.market is Market.spot]
+    od = next((o for o in options if o.market is Market.on_demand and o.expected_hours is not None), None)
+    if not spots or od is None or od.expected_hours is None:
+        return decision, None
+    first = spots[0]
+    cheapest: dict[str, QuoteOption] = {}
+    for o in spots:
+        if where(o) != where(first) and where(o) in markets:
+            cheapest.setdefault(where(o), o)
+    plan = "wait" if decision.route is Route.wait else "on-demand"
+    hours_left = (deadline - now).total_seconds() / 3600.0
+    work_left = max(od.expected_hours - done_hours, 0.0)
+    changeover_h = (restart_minutes + spec.checkpoint_minutes / 2.0) / 60.0
+    best: tuple[float, str, str] | None = None
+    weighed: dict[str, Any] = {}
+    for place, opt in cheapest.items():
+        egress_here = first.breakdown.egress_usd if first.breakdown else 0.0
+        egress_there = opt.breakdown.egress_usd if opt.breakdown else 0.0
+        move = spot_zone_move(
+            [home, markets[place]], here=0, plan=plan, running_on_demand=False, hours_left=hours_left,
+            work_left_hours=work_left, changeover_hours=changeover_h, migration_hours=0.0,
+            migration_usd=max(egress_there - egress_here, 0.0), spot_usd_per_hour=opt.usd_per_hour,
+            ondemand_usd_per_hour=od.usd_per_hour, decision_interval_hours=decision_interval_hours)
+        weighed[place] = move.reason
+        if move.zone == 1:
+            cost = float(move.numbers["usd_per_progress_hour"][1])
+            if best is None or cost < best[0]:
+                best = (cost, place, move.reason)
+    if best is None:
+        if not weighed:
+            return decision, None
+        return replace(decision, numbers={**decision.numbers, "zone_move": weighed}), None
+    cost, place, why = best
+    return Decision(Route.cloud, f"spot in {place} instead ({why})", True,
+                    {**decision.numbers, "zone_move": {**weighed, "chosen": place, "usd_per_progress_hour":
+                                                       round(cost, 3)}},
+                    on_demand_fallback=decision.route is Route.cloud), place
 
 
 def candidates(options: Sequence[QuoteOption], decision: Decision) -> list[QuoteOption]:

@@ -1,0 +1,86 @@
+"""Across zones, live (issue 30 item 3): where the plan on the first spot option's market chooses on-demand or to
+wait, the router weighs another zone's spot by the multi-zone simulator's own function
+(``policies.spot.spot_zone_move``, through ``policies.placement.spot_elsewhere``), from the broker's own history
+of each zone's spot market in the store."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import broker.router
+import broker.simulate.zones
+import policies.spot
+from broker.models import Allocation, AllocationState, Job, Market
+from broker.store import Store
+from standins.memory import NOW, MemoryProvider, offer, router_over, spec, submit_and_place
+
+SKU = "g5.x"
+
+
+def offers() -> list:
+    return [offer("mem", "a", 0.30, zone="z-a", market=Market.spot, sku=SKU),
+            offer("mem", "b", 0.32, zone="z-b", market=Market.spot, sku=SKU),
+            offer("mem", "od", 1.00, zone="z-a", market=Market.on_demand, sku=SKU)]
+
+
+def history(store: Store, zone: str, runs: list[tuple[float, float, bool]]) -> None:
+    """Another job's spot instances in ``zone``: (start, end, preempted at the end) in hours before NOW; a run not
+    preempted is still running."""
+    jid = f"history-{zone}"
+    store.create_job(Job(id=jid, spec=spec(), created_at=NOW - timedelta(days=8), updated_at=NOW))
+    for n, (start_h, end_h, preempted) in enumerate(runs):
+        start, end = NOW - timedelta(hours=start_h), NOW - timedelta(hours=end_h)
+        store.add_allocation(Allocation(
+            id=f"{jid}-{n}", job_id=jid, attempt=n + 1, provider="mem", offer_id="mem:history",
+            state=AllocationState.preempted if preempted else AllocationState.running, zone=zone, region="r1",
+            created_at=start, updated_at=end if preempted else NOW,
+            attrs={"sku": SKU, "market": "spot", "running_since": start.isoformat()}))
+
+
+def scarce() -> list[tuple[float, float, bool]]:
+    """Spot up for 6 minutes every 8 hours, all week; gone now."""
+    return [(h + 0.2, h + 0.1, True) for h in range(160, 0, -8)]
+
+
+async def place(store: Store):
+    router = await router_over(store, MemoryProvider("mem", offers()))
+    return await submit_and_place(store, router, markets=["spot", "on_demand"], interruptible=True,
+                                  workload={"hours": 10}, deadline_in="16h", checkpoint_minutes=10)
+
+
+def test_the_live_router_and_the_simulator_share_the_move() -> None:
+    assert broker.simulate.zones.spot_zone_move is policies.spot.spot_zone_move
+    assert broker.router.spot_elsewhere.__module__ == "policies.placement"
+
+
+async def test_spot_scarce_at_home_and_calm_in_another_zone_starts_there(store: Store) -> None:
+    """At home the plan goes on-demand (its spot is rare); the other zone's spot has run all week: the job starts
+    there, the decision saying why."""
+    history(store, "z-a", scarce())
+    history(store, "z-b", [(170.0, 0.0, False)])  # up all week, and now
+    res = await place(store)
+    assert res.placed, res.reason
+    [alloc] = [a for a in store.allocations(res.job.id)]
+    assert (alloc.zone, alloc.attrs["market"]) == ("z-b", "spot"), alloc
+    decision = [e for e in store.events(res.job.id) if "decision" in e.data][-1].data["decision"]
+    assert decision["allow_spot"] and decision["numbers"]["zone_move"]["chosen"] == "z-b"
+
+
+async def test_without_a_better_zone_the_home_plan_stands(store: Store) -> None:
+    """Spot is as scarce in the other zone: the move does not pay for itself, and what the home plan chose (to wait
+    for spot, with this slack) stands; the decision keeps what was weighed."""
+    history(store, "z-a", scarce())
+    history(store, "z-b", scarce())
+    res = await place(store)
+    assert not res.placed and res.reason.startswith("waiting for a better moment"), res.reason
+    assert store.allocations(res.job.id) == []
+    weighed = store.get_job(res.job.id).decision["numbers"]["zone_move"]  # kept on the job, as every decision
+    assert "z-b" in weighed and "chosen" not in weighed, weighed
+
+
+async def test_one_zone_is_never_weighed(store: Store) -> None:
+    history(store, "z-a", scarce())
+    router = await router_over(store, MemoryProvider("mem", [o for o in offers() if o.locality.zone == "z-a"]))
+    res = await submit_and_place(store, router, markets=["spot", "on_demand"], interruptible=True,
+                                 workload={"hours": 10}, deadline_in="16h", checkpoint_minutes=10)
+    assert "zone_move" not in str([e.data for e in store.events(res.job.id)])

@@ -268,6 +268,8 @@ class BrokerLoops:
         _, options = self.router.rank(job, now, unhealthy, held)
         situation = await asyncio.to_thread(self.router.situation, job, options, now)
         decision = rebalance(job.spec, options, **situation)
+        if not decision.allow_spot:  # staying in its own zone's market: is another zone's spot worth the move?
+            decision, _ = await self.router.elsewhere(job, options, situation, decision, running_on_demand=True)
         if not decision.allow_spot:
             return None
         log.info("job %s: %s", job.id, decision.reason)

@@ -353,11 +353,12 @@ class Router:
                 out[where(o)] = self.spot_markets.market(o, submitted=job.created_at, deadline=deadline, now=now)
         return out
 
-    async def _elsewhere(self, job: Job, options: list[QuoteOption], situation: Situation,
-                         decision: Decision) -> tuple[Decision, list[QuoteOption]]:
+    async def elsewhere(self, job: Job, options: list[QuoteOption], situation: Situation,
+                         decision: Decision, *, running_on_demand: bool = False) -> tuple[Decision, list[QuoteOption]]:
         """``policies.placement.spot_elsewhere``: where the plan on the first spot option's market chose on-demand
-        or to wait, another zone's spot by expected cost (the multi-zone simulator's function). Chosen, the
-        job's spot options are that zone's only."""
+        or to wait (``running_on_demand``: to stay on the running on-demand instance), another zone's spot by
+        expected cost (the multi-zone simulator's function). Chosen, the job's spot options are that zone's
+        only."""
         home = situation["spot_market"]
         if home is None or decision.allow_spot or decision.route not in (Route.cloud, Route.wait):
             return decision, options
@@ -367,7 +368,8 @@ class Router:
         decision, place = spot_elsewhere(
             job.spec, options, decision, now=situation["now"], deadline=situation["deadline"],
             done_hours=situation["done_hours"], home=home, markets=markets,
-            restart_minutes=situation["restart_minutes"], decision_interval_hours=situation["decision_interval_hours"])
+            restart_minutes=situation["restart_minutes"], decision_interval_hours=situation["decision_interval_hours"],
+            running_on_demand=running_on_demand)
         if place is None:
             return decision, options
         return decision, [o for o in options if o.market is not Market.spot or where(o) == place]
@@ -405,7 +407,7 @@ class Router:
         else:  # never attempted, no spot market to weigh: nothing to read, no thread hop
             situation = self.situation(job, options, now, history=())
         decision = self.decide(job, options, situation, budget_left, q.late_onprem)
-        decision, options = await self._elsewhere(job, options, situation, decision)
+        decision, options = await self.elsewhere(job, options, situation, decision)
         tries_allowed = self.settings.broker.max_launch_tries
         cands = candidates(options, decision)
         if not cands:

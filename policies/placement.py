@@ -110,16 +110,17 @@ def progress_hours(allocations: Iterable[Allocation], now: datetime, *, restart_
                    checkpoint_minutes: float) -> float:
     """Work a job has kept from its attempts, in hours (``done_hours`` for :func:`decide` and :func:`rebalance`).
 
-    Each allocation counts from ``attrs["running_since"]`` to its end (its last update once it
-    ended, ``now`` while it runs), less the restart it began with; a preempted one also loses
-    half a checkpoint interval of work. Allocations that never ran count nothing. Whole seconds.
+    Each allocation counts from ``attrs["running_since"]`` to its end (``ended_at`` once it ended — the
+    ledger's, on the broker's clock — else its last update; ``now`` while it runs), less the restart it
+    began with; a preempted one also loses half a checkpoint interval of work. Allocations that never ran
+    count nothing. Whole seconds.
     """
     total = 0.0
     for a in allocations:
         since = a.attrs.get("running_since")
         if not since:
             continue
-        end = now if a.state in (AllocationState.pending, AllocationState.running) else a.updated_at
+        end = now if a.state in (AllocationState.pending, AllocationState.running) else (a.ended_at or a.updated_at)
         ran = (end - datetime.fromisoformat(since)).total_seconds() / 3600.0
         kept = max(0.0, ran - restart_minutes / 60.0)
         if a.state is AllocationState.preempted:
@@ -296,12 +297,14 @@ def spot_elsewhere(
     markets: Mapping[str, SpotMarket],
     restart_minutes: float = 10.0,
     decision_interval_hours: float = DECISION_INTERVAL_HOURS,
+    running_on_demand: bool = False,
 ) -> tuple[Decision, str | None]:
     """Across zones, live: where :func:`decide` on the first spot option's market (``home``) chose on-demand or to
-    wait, a spot start in another zone or region the spec allows — ``markets``, by :func:`where` — is weighed
-    against that choice by ``policies.spot.spot_zone_move``, the function the multi-zone simulator calls
-    (broker/simulate/zones.py). Each other place is weighed with its own cheapest spot option's price; the
-    cheapest per progress hour that pays for the move wins. The options' costs already carry moving the job's
+    wait — or, ``running_on_demand``, where :func:`rebalance` keeps a running on-demand job where it is — a spot
+    start in another zone or region the spec allows (``markets``, by :func:`where`) is weighed against that choice
+    by ``policies.spot.spot_zone_move``, the function the multi-zone simulator calls (broker/simulate/zones.py).
+    Each other place is weighed with its own cheapest spot option's price; the cheapest per progress hour that
+    pays for the move wins. The options' costs already carry moving the job's
     data to their place (the ranking's egress); the move adds the difference in egress between the two
     places' options, and no checkpoint transfer (its size is not in the spec).
 
@@ -319,7 +322,7 @@ def spot_elsewhere(
     for o in spots:
         if where(o) != where(first) and where(o) in markets:
             cheapest.setdefault(where(o), o)
-    plan = "wait" if decision.route is Route.wait else "on-demand"
+    plan = "wait" if decision.route is Route.wait and not running_on_demand else "on-demand"
     hours_left = (deadline - now).total_seconds() / 3600.0
     work_left = max(od.expected_hours - done_hours, 0.0)
     changeover_h = (restart_minutes + spec.checkpoint_minutes / 2.0) / 60.0
@@ -329,7 +332,7 @@ def spot_elsewhere(
         egress_here = first.breakdown.egress_usd if first.breakdown else 0.0
         egress_there = opt.breakdown.egress_usd if opt.breakdown else 0.0
         move = spot_zone_move(
-            [home, markets[place]], here=0, plan=plan, running_on_demand=False, hours_left=hours_left,
+            [home, markets[place]], here=0, plan=plan, running_on_demand=running_on_demand, hours_left=hours_left,
             work_left_hours=work_left, changeover_hours=changeover_h, migration_hours=0.0,
             migration_usd=max(egress_there - egress_here, 0.0), spot_usd_per_hour=opt.usd_per_hour,
             ondemand_usd_per_hour=od.usd_per_hour, decision_interval_hours=decision_interval_hours)
@@ -343,7 +346,8 @@ def spot_elsewhere(
             return decision, None
         return replace(decision, numbers={**decision.numbers, "zone_move": weighed}), None
     cost, place, why = best
-    return Decision(Route.cloud, f"spot in {place} instead ({why})", True,
+    verb = "move to spot in" if running_on_demand else "spot in"
+    return Decision(Route.cloud, f"{verb} {place} instead ({why})", True,
                     {**decision.numbers, "zone_move": {**weighed, "chosen": place, "usd_per_progress_hour":
                                                        round(cost, 3)}},
                     on_demand_fallback=decision.route is Route.cloud), place

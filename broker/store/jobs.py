@@ -771,11 +771,12 @@ class JobStore(Database):
                           ended_at: datetime, attrs: dict[str, str]) -> bool:
         """Book an ended allocation again (its market's record read late): its cost, billed time, end and attrs,
         and the difference into its job's spend, in one transaction — only while it is still booked at
-        ``was_usd`` (compare-and-set: two passes confirming one booking move the spend once)."""
+        ``was_usd`` (compare-and-set: two passes confirming one booking move the spend once). ``updated_at``
+        stays: the spot plan reads an ended allocation's last change as when it ended."""
         with self._tx() as conn:
             row = self._alloc_row(conn, alloc_id)
             done = conn.execute(ALLOCS.update().where(ALLOCS.c.id == alloc_id, ALLOCS.c.cost_usd == was_usd).values(
-                cost_usd=cost_usd, billed_s=billed_s, ended_at=ended_at, attrs=attrs, updated_at=utcnow())).rowcount
+                cost_usd=cost_usd, billed_s=billed_s, ended_at=ended_at, attrs=attrs)).rowcount
             if done and cost_usd != was_usd:
                 self._job_row(conn, row.job_id, lock=True)
                 conn.execute(JOBS.update().where(JOBS.c.id == row.job_id).values(

@@ -10,7 +10,7 @@ from datetime import timedelta
 import broker.router
 import broker.simulate.zones
 import policies.spot
-from broker.models import Allocation, AllocationState, Job, Market
+from broker.models import Allocation, AllocationState, Job, JobState, Market
 from broker.store import Store
 from standins.memory import NOW, MemoryProvider, offer, router_over, spec, submit_and_place
 
@@ -84,3 +84,39 @@ async def test_one_zone_is_never_weighed(store: Store) -> None:
     res = await submit_and_place(store, router, markets=["spot", "on_demand"], interruptible=True,
                                  workload={"hours": 10}, deadline_in="16h", checkpoint_minutes=10)
     assert "zone_move" not in str([e.data for e in store.events(res.job.id)])
+
+
+async def test_a_job_running_on_demand_moves_to_another_zones_spot_once_it_pays(store: Store) -> None:
+    """The rebalance step, across zones: placed on on-demand while the broker knew nothing of another zone's spot,
+    the job is moved (break before make) once it has seen spot run calmly there, and placed there."""
+    from broker.config import BrokerConfig, Settings
+    from broker.loops import BrokerLoops
+    from broker.market import Marketplace
+    from standins.memory import Clock
+
+    clock = Clock()
+    history(store, "z-a", scarce())
+    mem = MemoryProvider("mem", offers())
+    loops = BrokerLoops(Settings(broker=BrokerConfig(installation="mem")), store,
+                        Marketplace({"mem": mem}, clock=clock), clock=clock)
+    await loops.market.refresh()
+    res = await submit_and_place(store, loops.router, markets=["spot", "on_demand"], interruptible=True,
+                                 workload={"hours": 10}, deadline_in="11h", checkpoint_minutes=10)
+    assert res.placed, res.reason
+    [od] = store.allocations(res.job.id)
+    assert od.attrs["market"] == "on_demand"
+    mem.set_state(od, AllocationState.running)
+    await loops.poll_once()
+    assert await loops.rebalance_running() == []  # nowhere better yet: it stays
+
+    history(store, "z-b", [(170.0, 0.0, False)])  # now known: another job's spot there has run all week
+    clock.now = NOW + timedelta(seconds=10)  # past the markets' read cache (broker/spot_markets.py)
+    [moved] = await loops.rebalance_running()
+    assert moved.state is JobState.pending
+    why = [e.data["rebalance"] for e in store.events(moved.id) if "rebalance" in e.data][-1]
+    assert why["reason"].startswith("move to spot in z-b") and why["numbers"]["zone_move"]["chosen"] == "z-b"
+    assert store.get_allocation(od.id).state is AllocationState.released and od.resource_ids[0] in mem.released
+    placed = await loops.place_pending([moved.id])
+    assert placed and placed[0].placed, placed
+    new = [a for a in store.allocations(moved.id) if a.id != od.id]
+    assert [(a.zone, a.attrs["market"]) for a in new] == [("z-b", "spot")]

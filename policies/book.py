@@ -377,6 +377,13 @@ class OfferBook:
     # What the group checks gave per job key (policies/constraints.py, screen): they read only the index's
     # keys and the interned codes, which a new book version from :meth:`with_health` keeps.
     _group_memo: dict[tuple[object, ...], GroupScreen] = field(default_factory=dict)
+    # What a quote's option shows of a row's offer that no job and no clock changes (policies/ranking.py,
+    # _heads), per book row: read from columns a new book version from :meth:`with_health` keeps as they are.
+    _option_heads: dict[int, Any] = field(default_factory=dict)
+    # policies/ranking.py, _missing_models: per GPU list, the models no offer is of (names only: shared).
+    _missing_memo: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict)
+    # policies/constraints.py, screen: its answer per job key, on this book version only (it reads health).
+    _screen_memo: dict[tuple[object, ...], Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -523,7 +530,8 @@ class OfferBook:
                 rate[hit] = values[pos[hit]]
         cols["preempt_rate"] = rate
         bad_rows = np.flatnonzero(unhealthy)
-        return replace(self, cols=cols, any_unhealthy=bool(len(bad_rows)), unhealthy_rows=bad_rows, _pruned=None)
+        return replace(self, cols=cols, any_unhealthy=bool(len(bad_rows)), unhealthy_rows=bad_rows, _pruned=None,
+                       _screen_memo={})
 
     def subset(self, rows: np.ndarray) -> OfferBook:
         """Rows ``rows`` (ascending) as a book of their own that ranks them exactly as this book does: the

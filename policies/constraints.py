@@ -141,17 +141,26 @@ class Screen:
     # Rows outside ``rows`` whose code is not their group's: unhealthy nodes in groups rejected by a
     # check that comes after health (GPU model, runtime). Few: only unhealthy rows can be here.
     unhealthy_elsewhere: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # Per check, the offers of the groups it rejects (:meth:`group_counts`): kept with a remembered screen.
+    group_freq: np.ndarray | None = None
+
+    def group_counts(self) -> np.ndarray:
+        """Per code, how many offers the group checks rejected with it (the groups' sizes summed)."""
+        if self.group_freq is None:
+            self.group_freq = np.bincount(self.group_codes, weights=self.book.groups.size,
+                                          minlength=len(CHECKS) + 1).astype(np.int64)
+        return self.group_freq
 
     def counts(self) -> dict[str, int]:
         """How many offers each check rejected (every offer counted, none written out)."""
         freq = np.bincount(self.codes, minlength=len(CHECKS) + 1)
-        freq[: len(CHECKS) + 1] += np.bincount(self.group_codes, weights=self.book.groups.size,
-                                               minlength=len(CHECKS) + 1).astype(np.int64)
+        freq[: len(CHECKS) + 1] += self.group_counts()
         moved = self.unhealthy_elsewhere
         if len(moved):
             np.subtract.at(freq, self.group_codes[self.book.groups.of_rows(moved)], 1)
             freq[CODE_OF["unhealthy"]] += len(moved)
-        return {CHECKS[v - 1].code: int(freq[v]) for v in range(1, len(freq)) if freq[v]}
+        per_code = freq.tolist()  # Python ints at once: indexing the array makes a numpy scalar per code
+        return {CHECKS[v - 1].code: per_code[v] for v in range(1, len(per_code)) if per_code[v]}
 
     def rejected(self, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(rows, codes) of up to ``limit`` rejected offers: the near misses (the right GPU in an
@@ -253,12 +262,41 @@ def group_checks(book: OfferBook, spec: JobSpec) -> np.ndarray:
     return _group_screen(book, spec).codes
 
 
+def _row_key(spec: JobSpec, members: bool) -> tuple[object, ...]:
+    """What :func:`screen` reads of a job, the group checks' key included: equal keys, equal screens on one
+    book version (health included)."""
+    return (_group_key(spec), members, spec.image is not None, memory_needed(spec), spec.gpus_per_node, spec.nodes,
+            spec.colocate, spec.fabric, spec.min_fabric_gbps, spec.min_reliability, spec.interruptible,
+            spec.max_usd_per_hour)
+
+
 def screen(book: OfferBook, spec: JobSpec, *, members: bool = False) -> Screen:
     """The constraints over ``book``: group checks on the index, row checks on the rows that remain.
 
     ``members``: screen rows as single machines of an assembly (policies/assembly.py): the node count,
     co-location and price cap are the assembly's to meet, not each machine's. The group checks' verdict is
-    remembered per job key on the book (:func:`group_checks` hands out the same)."""
+    remembered per job key on the book (:func:`group_checks` hands out the same); the whole screen per
+    :func:`_row_key` on the book version (a dozen numpy calls that specs differing only in name, workload,
+    data or command would each repeat). The caller owns the codes it gets (the ranking adds to them)."""
+    assert spec.gpus_per_node is not None
+    key = _row_key(spec, members)
+    memo = book._screen_memo
+    kept: Screen | None = memo.get(key)
+    if kept is None:
+        fresh = _screen(book, spec, members)
+        if len(fresh.rows) <= MEMO_MAX_ROWS:
+            if len(memo) >= GROUP_MEMO_SIZE:
+                memo.clear()
+            codes = fresh.codes.copy()
+            codes.setflags(write=False)
+            group_freq = fresh.group_counts()
+            group_freq.setflags(write=False)
+            memo[key] = Screen(book, fresh.rows, codes, fresh.group_codes, fresh.unhealthy_elsewhere, group_freq)
+        return fresh
+    return Screen(book, kept.rows, kept.codes.copy(), kept.group_codes, kept.unhealthy_elsewhere, kept.group_freq)
+
+
+def _screen(book: OfferBook, spec: JobSpec, members: bool) -> Screen:
     assert spec.gpus_per_node is not None
     verdict = _group_screen(book, spec)
     group_codes, runs = verdict.codes, verdict.runs

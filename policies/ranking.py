@@ -76,13 +76,25 @@ def _data_costs(book: OfferBook, spec: JobSpec, idx: np.ndarray) -> tuple[np.nda
     return size * per_gb, hours
 
 
-def _missing_models(book: OfferBook, spec: JobSpec) -> list[str]:
+def _missing_models(book: OfferBook, spec: JobSpec) -> tuple[str, ...]:
     """Models the job accepts that no offer in the book is of, leaving out a family's members when another
     member it accepts is offered: `gpu: H100` expands to three models, and "no market offers H100-NVL"
-    before the real answer is noise (issue 29)."""
-    absent = [m for m in spec.gpu if book.gpu_code(m) is None]
-    offered_families = {GPU_SPECS[m].family for m in spec.gpu if m not in absent and m in GPU_SPECS}
-    return [m for m in absent if m not in GPU_SPECS or GPU_SPECS[m].family not in offered_families]
+    before the real answer is noise (issue 29). Worked out once per GPU list on a book (it reads only the
+    book's GPU names, which every version of a book shares)."""
+    key = tuple(spec.gpu)
+    memo = book._missing_memo
+    missing = memo.get(key)
+    if missing is None:
+        absent = [m for m in key if book.gpu_code(m) is None]
+        offered_families = {GPU_SPECS[m].family for m in key if m not in absent and m in GPU_SPECS}
+        missing = tuple(m for m in absent if m not in GPU_SPECS or GPU_SPECS[m].family not in offered_families)
+        if len(memo) >= MISSING_MEMO_SIZE:
+            memo.clear()
+        memo[key] = missing
+    return missing
+
+
+MISSING_MEMO_SIZE = 256  # GPU lists remembered per book
 
 
 # The pruned path (PrunedView, policies/book.py) pays off only on a large book (PRUNE_MIN_ROWS offers, and
@@ -193,7 +205,8 @@ class _Ranked:
 
 def _rank(book: OfferBook, spec: JobSpec, now: datetime, top: int) -> _Ranked:
     sc = screen(book, spec)
-    pos = np.flatnonzero(sc.codes == 0)  # feasible, as positions among the screened rows
+    # ``nonzero()[0]`` of a 1-D array is ``np.flatnonzero``'s answer without its Python layer (~1 µs a call).
+    pos = (sc.codes == 0).nonzero()[0]  # feasible, as positions among the screened rows
     idx = sc.rows[pos]
     nodes, gpn = spec.nodes, spec.gpus_per_node
     assert gpn is not None
@@ -240,26 +253,38 @@ def _rank(book: OfferBook, spec: JobSpec, now: datetime, top: int) -> _Ranked:
         over = (cost > spec.max_total_usd) & ~late
         sc.codes[pos[over]] = CODE_OF["budget"]
         late |= over
-    keep = np.flatnonzero(~late)
+    # No deadline and no budget: every feasible row is kept (what flatnonzero would give, two calls fewer).
+    keep = (~late).nonzero()[0] if deadline is not None or spec.max_total_usd is not None else np.arange(len(idx))
 
     # The order: cheapest to the cent first; then fresh before stale, sooner before later, the exact cost,
     # the lower price, the book row. Only the rows that can be among the first ``top`` are sorted: those
     # whose cost to the cent is at most the top-th lowest's (every tie at the cut kept).
     costs = cost[keep]
     if len(keep) > top:
-        cut = float(np.round(costs[np.argpartition(costs, top - 1)[top - 1]], 2))
-        near = np.flatnonzero(costs <= cut + 0.01)  # a superset: rounding moves a cost by at most half a cent
-        head = near[np.round(costs[near], 2) <= cut]
+        # The top-th lowest cost (the value is the same whichever way it is found: an in-place partition of a
+        # copy skips np.argpartition's Python layer), to the cent.
+        kth = costs.copy()
+        kth.partition(top - 1)
+        cut = float(_cents(kth[top - 1]))
+        near = (costs <= cut + 0.01).nonzero()[0]  # a superset: rounding moves a cost by at most half a cent
+        head = near[_cents(costs[near]) <= cut]
     else:
         head = np.arange(len(keep))
     chosen = keep[head]  # ascending, so the stable sort leaves equal keys in book order
     rows = idx[chosen]
-    sub = np.lexsort((book["price"][rows], cost[chosen], wall[chosen], book["stale"][rows], np.round(cost[chosen], 2)))
+    sub = np.lexsort((book["price"][rows], cost[chosen], wall[chosen], book["stale"][rows], _cents(cost[chosen])))
     shown = chosen[sub][:top]
     figures = {"price": job_price[shown], "wall": wall[shown], "cost": cost[shown],
                "comp": _pick(comp, shown), "comm": _pick(comm_h, shown),
                "lost": lost[shown], "egress": egress_usd[shown], "billed": billed_hours[shown]}
     return _Ranked(sc, idx, pos, keep, shown, figures, late_onprem)
+
+
+def _cents(values: Any) -> Any:
+    """``np.round(values, 2)``, bit for bit: numpy rounds to decimals by multiplying by 10**decimals, ``rint``
+    and dividing back, and so does this, without ``np.round``'s Python-level dispatch (a few µs a call, three
+    calls a quote)."""
+    return np.rint(values * 100.0) / 100.0
 
 
 def _pick(values: np.ndarray | float, shown: np.ndarray) -> np.ndarray:
@@ -335,7 +360,7 @@ def _per_hour_quote(book: OfferBook, spec: JobSpec, *, now: datetime, top: int,
     egress_usd, _ = _data_costs(book, spec, idx)
     zeros, ones = np.zeros(len(idx)), np.ones(len(idx))
     queue = book["queue"][idx] if book.any_queue else zeros
-    order = np.lexsort((queue, book["stale"][idx], np.round(price, 2)))[:top]
+    order = np.lexsort((queue, book["stale"][idx], _cents(price)))[:top]
     options = _options(book, idx[order], nodes, gpn, now, price=price[order], wall=queue[order],
                        cost=price[order], comp=zeros[order], comm=zeros[order], lost=zeros[order],
                        egress=egress_usd[order], billed=ones[order])
@@ -375,8 +400,9 @@ def _by_source(book: OfferBook, rows: np.ndarray, weights: np.ndarray | None = N
     key = book["provider"][rows] * len(SOURCES) + book["source"][rows]  # int32: one pass, no sort
     counts = np.bincount(key, weights=weights, minlength=len(names) * len(SOURCES))
     out: dict[str, dict[str, int]] = {}
-    for k in np.flatnonzero(counts).tolist():
-        out.setdefault(names[k // len(SOURCES)], {})[SOURCES[k % len(SOURCES)].value] = int(counts[k])
+    listed = counts.tolist()  # Python numbers at once, not a numpy scalar per market and source
+    for k in counts.nonzero()[0].tolist():
+        out.setdefault(names[k // len(SOURCES)], {})[_SOURCE_TEXT[k % len(SOURCES)]] = int(listed[k])
     return out
 
 
@@ -384,82 +410,127 @@ def _by_source(book: OfferBook, rows: np.ndarray, weights: np.ndarray | None = N
 # for every enum it writes (three per option).
 _MARKET_TEXT = tuple(m.value for m in MARKETS)
 _FABRIC_TEXT = tuple(f.value for f in FABRICS)
+_SOURCE_TEXT = tuple(s.value for s in SOURCES)
 _LIVE = OfferSource.live.value
 
 
-def rounded(values: np.ndarray, digits: np.ndarray) -> list[list[float]]:
+def rounded(values: np.ndarray, digits: np.ndarray, scale: np.ndarray | None = None) -> list[list[float]]:
     """Per row ``k`` of the 2-D ``values``: ``[round(v, int(digits[k])) for v in values[k]]``, the same floats
     from one numpy pass (Python's ``round`` of a float costs ~0.3 µs, and an option has ten of them). Scaled
     by 10**digits and rounded by ``rint``, a value clear of a half (by more than the scaling's own error
     could move it) rounds as ``round`` rounds its exact value, and ``q / 10**digits`` (q an integer below
     2**52, one correctly rounded division) is the double nearest the rounded decimal: what ``round``
-    returns. The few values near a half, huge or not finite are given to ``round`` itself."""
-    scale = (10.0 ** digits.astype(np.float64))[:, None]
+    returns. The few values near a half, huge or not finite are given to ``round`` itself. ``scale``:
+    ``_scale(digits)`` when the caller has it already (the options' digits are always the same)."""
+    if scale is None:
+        scale = _scale(digits)
     with np.errstate(over="ignore", invalid="ignore"):  # huge or not finite: given to round below
         p = values * scale
         q = np.rint(p)
         out: list[list[float]] = (q / scale).tolist()
-        sure = (np.abs(np.abs(p - q) - 0.5) > np.abs(p) * 2.0 ** -48 + 2.0 ** -60) & (np.abs(p) < 2.0 ** 52)
+        # How far p is from a half: |p - q| <= 0.5 (q = rint(p)), so 0.5 - |p - q| is | |p - q| - 0.5 |
+        # exactly. A value at or above 2**52 (or not finite) is never sure: its margin is under size * 2**-48.
+        sure = 0.5 - np.abs(p - q) > np.abs(p) * 2.0 ** -48 + 2.0 ** -60
     if not sure.all():
         for k, j in zip(*np.nonzero(~sure), strict=True):
             out[k][j] = round(float(values[k, j]), int(digits[k]))
     return out
 
 
+def _scale(digits: np.ndarray) -> np.ndarray:
+    """Per row of :func:`rounded`'s values, 10**digits (a column)."""
+    scale: np.ndarray = (10.0 ** digits.astype(np.float64))[:, None]
+    return scale
+
+
 # The figures of an option and their decimals, in the order :func:`_options` rounds them (one call).
 _ROUNDED = ("price", "wall", "comp", "comm", "lost", "queue", "cost", "egress", "compute_usd", "age")
 _DIGITS = np.array([4, 4, 4, 4, 4, 4, 2, 2, 2, 1])
+_DIGITS_SCALE = _scale(_DIGITS)
+
+
+# What an option shows of its offer that depends on neither the job nor the time, per book row (see
+# :func:`_heads`): (offer_id, provider, market, sku, region, zone, cluster, gpu, fabric, fabric_gbps,
+# interruptible, stale, perf_source, source kind and its text, observed_at as POSIX time and as a datetime,
+# the notes that come before the price's).
+_Head = tuple[str, str, str, str, str, str, str, str, str, float, bool, bool, str, OfferSource, str, float,
+              datetime, tuple[str, ...]]
+HEAD_MEMO_SIZE = 65_536  # rows remembered per book: a few hundred bytes each
+
+
+def _heads(book: OfferBook, rows: list[int]) -> list[_Head]:
+    """Per row, what :func:`_options` shows of the offer that no job and no clock changes, worked out once
+    per book (kept in ``book._option_heads``): gathering sixteen columns and formatting the notes cost more
+    than all the rest of the ten options together, and the same cheap offers head quote after quote."""
+    memo: dict[int, _Head] = book._option_heads
+    missing = [i for i in dict.fromkeys(rows) if i not in memo]
+    if missing:
+        if len(memo) + len(missing) > HEAD_MEMO_SIZE:
+            memo.clear()
+            missing = list(dict.fromkeys(rows))
+        c = book.cols
+        at = np.array(missing, dtype=np.int64)
+        text = {k: book.texts(k, at) for k in ("provider", "sku", "region", "zone", "cluster", "gpu", "perf_source")}
+        num = {k: c[k][at].tolist() for k in ("market", "fabric", "fabric_gbps", "interruptible", "stale",
+                                               "measured", "tflops", "source", "observed_at")}
+        for j, i in enumerate(missing):
+            perf_source, tflops = text["perf_source"][j], num["tflops"][j]
+            notes = []
+            if num["measured"][j]:
+                notes.append(f"measured {tflops:.0f} TFLOP/s per GPU ({perf_source})")
+            elif perf_source == "dlperf":
+                notes.append(f"speed prior from dlperf: {tflops:.0f} TFLOP/s per GPU")
+            if num["stale"][j]:
+                notes.append("offer is stale: its provider did not answer the last refresh")
+            observed_ts = num["observed_at"][j]
+            memo[i] = (book.ids[i], text["provider"][j], _MARKET_TEXT[num["market"][j]], text["sku"][j],
+                       text["region"][j], text["zone"][j], text["cluster"][j], text["gpu"][j],
+                       _FABRIC_TEXT[num["fabric"][j]], num["fabric_gbps"][j], num["interruptible"][j],
+                       num["stale"][j], perf_source, SOURCES[num["source"][j]], _SOURCE_TEXT[num["source"][j]],
+                       observed_ts,
+                       datetime.fromtimestamp(observed_ts, UTC), tuple(notes))
+    return [memo[i] for i in rows]
 
 
 def _options(book: OfferBook, rows: np.ndarray, nodes: int, gpn: int, now: datetime,
              **figures: np.ndarray) -> list[dict[str, Any]]:
     """The options shown, as data for QuoteOption (enums as their text): only these rows become objects.
-    Every figure is rounded in one call per column (:func:`rounded`, the same values as ``round``)."""
-    c = book.cols
-    text = {k: book.texts(k, rows) for k in ("provider", "sku", "region", "zone", "cluster", "gpu", "perf_source")}
-    num = {k: c[k][rows].tolist() for k in ("market", "fabric", "fabric_gbps", "interruptible", "stale",
-                                             "measured", "tflops", "source", "observed_at")}
+    Every figure is rounded in one call per column (:func:`rounded`, the same values as ``round``); what
+    the offer alone decides comes from :func:`_heads`."""
+    listed = rows.tolist()
+    heads = _heads(book, listed)
     now_ts = now.timestamp()
     price = np.asarray(figures["price"], dtype=np.float64)
+    c = book.cols
     extra = {"queue": c["queue"][rows], "compute_usd": price * figures["billed"],
              "age": now_ts - c["observed_at"][rows]}
-    r = dict(zip(_ROUNDED, rounded(np.array([figures.get(k, extra.get(k)) for k in _ROUNDED], dtype=np.float64),
-                                   _DIGITS), strict=True))
-    stamps: dict[tuple[int, float], tuple[str, datetime, str]] = {}  # most options share a snapshot's
+    values = rounded(np.array([figures.get(k, extra.get(k)) for k in _ROUNDED], dtype=np.float64), _DIGITS,
+                     _DIGITS_SCALE)
+    labels: dict[tuple[OfferSource, float], str] = {}  # most options share a snapshot's
     out = []
-    for j, i in enumerate(rows.tolist()):
-        perf_source, tflops = text["perf_source"][j], num["tflops"][j]
-        notes = []
-        if num["measured"][j]:
-            notes.append(f"measured {tflops:.0f} TFLOP/s per GPU ({perf_source})")
-        elif perf_source == "dlperf":
-            notes.append(f"speed prior from dlperf: {tflops:.0f} TFLOP/s per GPU")
-        observed_ts = num["observed_at"][j]
-        stamp = stamps.get((num["source"][j], observed_ts))
-        if stamp is None:
-            kind = SOURCES[num["source"][j]]
-            stamp = stamps[num["source"][j], observed_ts] = (
-                kind.value, datetime.fromtimestamp(observed_ts, UTC),
-                source_label_at(kind, observed_ts, now_ts - observed_ts))
-        source, observed_at, label = stamp
-        if num["stale"][j]:
-            notes.append("offer is stale: its provider did not answer the last refresh")
-        if source != _LIVE:
-            notes.append(f"price: {label}")
+    # Per option its head and its figures in _ROUNDED's order (one tuple each: no lookup per figure).
+    per_option = zip(*values, strict=True)
+    for (offer_id, provider, market, sku, region, zone, cluster, gpu, fabric, fabric_gbps, interruptible, stale,
+         perf_source, kind, source, observed_ts, observed_at, notes), (
+            price_r, wall, comp, comm, lost, queue, cost, egress, compute_usd, age) in zip(heads, per_option,
+                                                                                           strict=True):
+        label = labels.get((kind, observed_ts))
+        if label is None:
+            label = labels[kind, observed_ts] = source_label_at(kind, observed_ts, now_ts - observed_ts)
         out.append({
-            "offer_id": book.ids[i], "provider": text["provider"][j], "market": _MARKET_TEXT[num["market"][j]],
-            "sku": text["sku"][j], "region": text["region"][j], "zone": text["zone"][j],
-            "cluster": text["cluster"][j], "nodes": nodes, "gpus_per_node": gpn, "gpu": text["gpu"][j],
-            "fabric": _FABRIC_TEXT[num["fabric"][j]], "fabric_gbps": num["fabric_gbps"][j],
-            "usd_per_hour": r["price"][j], "expected_hours": r["wall"][j],
-            "expected_cost_usd": r["cost"][j], "interruptible": num["interruptible"][j],
-            "stale": num["stale"][j], "perf_source": perf_source, "source": source,
-            "observed_at": observed_at, "age_s": r["age"][j], "source_label": label,
+            "offer_id": offer_id, "provider": provider, "market": market,
+            "sku": sku, "region": region, "zone": zone,
+            "cluster": cluster, "nodes": nodes, "gpus_per_node": gpn, "gpu": gpu,
+            "fabric": fabric, "fabric_gbps": fabric_gbps,
+            "usd_per_hour": price_r, "expected_hours": wall,
+            "expected_cost_usd": cost, "interruptible": interruptible,
+            "stale": stale, "perf_source": perf_source, "source": source,
+            "observed_at": observed_at, "age_s": age, "source_label": label,
             "breakdown": {
-                "compute_hours": r["comp"][j], "comm_hours": r["comm"][j],
-                "queue_wait_hours": r["queue"][j], "preemption_overhead_hours": r["lost"][j],
-                "egress_usd": r["egress"][j], "compute_usd": r["compute_usd"][j],
-                "notes": notes,
+                "compute_hours": comp, "comm_hours": comm,
+                "queue_wait_hours": queue, "preemption_overhead_hours": lost,
+                "egress_usd": egress, "compute_usd": compute_usd,
+                "notes": [*notes, f"price: {label}"] if source != _LIVE else list(notes),
             },
         })
     return out

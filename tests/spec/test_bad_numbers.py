@@ -231,3 +231,13 @@ def test_api_stores_extreme_valid_specs_the_database_accepts(server: Server) -> 
         assert listed.status_code == 200 and strict_json(listed.text)["jobs"]
     if server.backend == "sqlite":
         assert sqlite_json_valid(server.db_url.removeprefix("sqlite:///"), r.json()["id"])
+
+
+def test_a_spec_model_with_a_number_field_the_number_check_skips_is_refused_at_definition() -> None:
+    """The number check (``SpecModel._numbers_are_numbers``) runs on the fields it names: a new number field not
+    among them would take ``true`` as 1, so defining such a model fails, naming the field."""
+    from broker.models import SpecModel
+
+    with pytest.raises(TypeError, match="add budget_gpus to _NUMBER_FIELDS"):
+        types.new_class("Extra", (SpecModel,), exec_body=lambda ns: ns.update(
+            {"__annotations__": {"budget_gpus": int}, "budget_gpus": 1, "__module__": __name__}))

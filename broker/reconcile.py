@@ -232,16 +232,6 @@ class _Pass:
                 self.report.failed_intents.append(rec.id)
 
     # ------------------------------------------------------------------ 4. jobs left mid-way
-    async def confirm_billing(self, providers: Mapping[str, Provider]) -> None:
-        """Book again, from the market's record, what was booked from the broker's own span because that record
-        could not be read at the allocation's end (the ledger's ``BILLING_DUE``), for a week after its end."""
-        ledger = self.lifecycle.ledger
-        due = await asyncio.to_thread(self.store.billing_due, BILLING_DUE, self.now - BILLING_RECORD_WINDOW)
-        for alloc in due:
-            if alloc.provider in providers and alloc.provider not in self.report.unreachable \
-                    and await ledger.confirm_billing(alloc):
-                self.report.rebooked.append(alloc.id)
-
     async def resolve_jobs(self) -> None:
         """Every job in placing, provisioning or running: see :meth:`resolve_job`."""
         for job in await asyncio.to_thread(self.store.jobs_in_states, list(HOLDING)):
@@ -269,3 +259,14 @@ class _Pass:
         elif not live and not unreachable:
             await self.lifecycle.requeue_lost(job)
             self.report.requeued.append(job.id)
+
+    # ------------------------------------------------------------------ 5. bookings confirmed late
+    async def confirm_billing(self, providers: Mapping[str, Provider]) -> None:
+        """Book again, from the market's record, what was booked from the broker's own span because that record
+        could not be read at the allocation's end (the ledger's ``BILLING_DUE``), for a week after its end."""
+        ledger = self.lifecycle.ledger
+        due = await asyncio.to_thread(self.store.billing_due, BILLING_DUE, self.now - BILLING_RECORD_WINDOW)
+        for alloc in due:
+            if alloc.provider in providers and alloc.provider not in self.report.unreachable \
+                    and await ledger.confirm_billing(alloc):
+                self.report.rebooked.append(alloc.id)

@@ -144,11 +144,6 @@ def launch_order(inst: Mapping[str, Any]) -> tuple[int, str]:
 AWS_NOTICE = {"imds": True, "every_s": 5.0, "rebalance": True, "deliver": "SIGTERM"}
 
 
-# How often a node's wrapper reads the attempt's control object (a signal from the broker): a SIGTERM for a
-# budget reaches the job within this, well inside its checkpoint window (broker.budget_grace_s, 120 s).
-CONTROL_EVERY_S = 5.0
-
-
 def control_document(seq: int, signal_name: str) -> bytes:
     """The control object: a signal to the job (``SIGTERM``…), ``seq`` larger than any before it."""
     name = signal_name.upper()
@@ -173,7 +168,7 @@ def aws_manifest(run: RunRequest, *, log_urls: Mapping[str, str], status_urls: M
         logs={"put_urls": dict(log_urls), "status_put_urls": dict(status_urls), "stdout": True,
               "part_urls": {r: list(u) for r, u in (part_urls or {}).items()}, "part_bytes": LOG_PART_BYTES,
               "heartbeat_put_urls": dict(heartbeat_urls or {}),
-              **({"control_url": control_url, "control_every_s": CONTROL_EVERY_S} if control_url else {})},
+              **({"control_url": control_url, "control_every_s": uploads.CONTROL_EVERY_S} if control_url else {})},
         container=container,
         shutdown=SHUTDOWN,
         data_url=data_url,

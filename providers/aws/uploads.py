@@ -32,7 +32,10 @@ INSTANCE_PROFILE = "instance_profile"
 PRESIGNED = "presigned"
 MAX_PRESIGN_S = 604_800  # SigV4's limit: 7 days
 SYNC_EVERY_S = 15  # how often the profile mode's boot script ships the node's log and status
-CONTROL_EVERY_S = 5  # and fetches the broker's control object (a signal to the job)
+# How often a node's wrapper reads the attempt's control object (a signal from the broker), and the profile
+# mode's boot script fetches it: a budget's SIGTERM reaches the job within this, well inside its checkpoint
+# window (broker.budget_grace_s, 120 s).
+CONTROL_EVERY_S = 5
 # botocore's credential providers that read only the environment and files (never the network).
 STATIC_PROVIDERS = ("env", "shared-credentials-file", "config-file", "ec2-credentials-file", "boto-config")
 

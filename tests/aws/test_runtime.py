@@ -67,6 +67,17 @@ async def boot_one(alloc: Any, endpoint: str, tmp_path: Path, *, shutdown_termin
     return node
 
 
+async def started(node: Node) -> Node:
+    """``node`` booting, once its command has touched the file ``started`` (the boot goes on)."""
+    await node.start()
+    for _ in range(240):
+        if node.files("started"):
+            break
+        await asyncio.sleep(0.25)
+    assert node.files("started"), node.console()
+    return node
+
+
 def state_of(endpoint: str, instance_id: str) -> str:
     desc = ec2_client(endpoint).describe_instances(InstanceIds=[instance_id])
     return desc["Reservations"][0]["Instances"][0]["State"]["Name"]
@@ -156,13 +167,7 @@ async def test_the_wrapper_stopped_as_its_machine_goes_down_is_a_preemption(
     offer = await a10g(run_aws)
     alloc = await run_aws.launch(request(offer, "touch started; echo working; sleep 300"))
     async with FakeImds() as imds:
-        node = Node(aws_moto, alloc.resource_ids[0], tmp_path, imds)
-        await node.start()
-        for _ in range(240):
-            if node.files("started"):
-                break
-            await asyncio.sleep(0.25)
-        assert node.files("started"), node.console()
+        node = await started(Node(aws_moto, alloc.resource_ids[0], tmp_path, imds))
         node.terminate_wrapper()  # systemd's TERM when the instance stops or is reclaimed
         assert await node.wait() == 143, node.console()
     status = await run_aws.poll(alloc)
@@ -337,13 +342,7 @@ async def test_a_signal_from_the_broker_reaches_the_command_through_the_control_
     manifest = json.loads(s3_text(aws_moto, where.manifest) or "{}")
     assert "control.json" in manifest["logs"]["control_url"]
     async with FakeImds() as imds:
-        node = Node(aws_moto, alloc.resource_ids[0], tmp_path, imds)
-        await node.start()
-        for _ in range(240):
-            if node.files("started"):
-                break
-            await asyncio.sleep(0.25)
-        assert node.files("started"), node.console()
+        node = await started(Node(aws_moto, alloc.resource_ids[0], tmp_path, imds))
         await run_aws.signal(alloc, "TERM")
         assert json.loads(s3_text(aws_moto, where.control) or "{}")["signal"] == "SIGTERM"
         await asyncio.wait_for(node.wait(), 60)

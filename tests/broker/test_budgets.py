@@ -126,6 +126,17 @@ async def test_alerts_at_50_80_and_100_percent_once_each_and_continue_keeps_the_
     assert late.state is JobState.pending and late.reason.startswith("budget:"), late.reason
 
 
+async def signalled(store: Store) -> tuple[SignalingMemory, Budgets, Job, Allocation]:
+    """A running job of a tenant whose budget is spent (with ``signal_then_stop``), just signalled to stop."""
+    mem = SignalingMemory("mem", [offer("mem", "a", 4.0)])
+    w = await world(store, mem, action=BudgetAction.signal_then_stop)
+    job = await w.submit()
+    alloc = await w.run(job)
+    w.at(2.6)  # $10.40 of $10
+    await w.watch.check()
+    return mem, w, job, alloc
+
+
 async def test_at_100_percent_new_jobs_are_refused_and_a_running_job_is_signalled_then_released(
         store: Store) -> None:
     mem = SignalingMemory("mem", [offer("mem", "a", 4.0)])
@@ -157,12 +168,7 @@ async def test_at_100_percent_new_jobs_are_refused_and_a_running_job_is_signalle
 async def test_a_job_that_ends_in_its_checkpoint_window_says_why_it_was_stopped(store: Store) -> None:
     from broker.models import ExitReason, JobExit
 
-    mem = SignalingMemory("mem", [offer("mem", "a", 4.0)])
-    w = await world(store, mem, action=BudgetAction.signal_then_stop)
-    job = await w.submit()
-    alloc = await w.run(job)
-    w.at(2.6)
-    await w.watch.check()
+    mem, w, job, alloc = await signalled(store)
     mem.end(alloc, JobExit(exit_code=143, reason=ExitReason.signal))  # it saved its checkpoint and exited
     assert await w.poll(alloc) is JobState.failed
     done = store.get_job(job.id)
@@ -174,12 +180,7 @@ async def test_a_job_whose_market_reads_the_stop_signal_as_a_preemption_ends_and
         store: Store) -> None:
     """AWS's poll answers ``preempted`` for a wrapper stopped by a signal (its machine going away, as a rule): after
     a stop for cost, that is the end the broker asked for — failed with the budget's reason, never requeued."""
-    mem = SignalingMemory("mem", [offer("mem", "a", 4.0)])
-    w = await world(store, mem, action=BudgetAction.signal_then_stop)
-    job = await w.submit()
-    alloc = await w.run(job)
-    w.at(2.6)
-    await w.watch.check()
+    mem, w, job, alloc = await signalled(store)
     assert mem.signals == [(alloc.resource_ids[0], "TERM")]
     mem.set_state(alloc, AllocationState.preempted)
     assert await w.poll(alloc) is JobState.failed

@@ -46,6 +46,22 @@ def test_billing_granularities() -> None:
 
 
 
+async def _ended_on(store: Store, market: MemoryProvider, usd_per_hour: float, ran: timedelta) -> tuple[
+        MemoryProvider, Job, Allocation, Clock, JobLifecycle]:
+    """A job placed at NOW whose machines ``market`` then serves: seen running at NOW, its command ended at
+    NOW + ``ran``, not polled since. The market it was placed on, the job, its allocation, the clock and the
+    lifecycle over ``market``."""
+    mem, job, alloc = await placed_job(store, usd_per_hour=usd_per_hour)
+    market.held = mem.held
+    clock = Clock()
+    life = JobLifecycle(store, {"mem": market}, clock=clock)
+    market.set_state(alloc, AllocationState.running)
+    assert await poll(life, market, alloc.id) is JobState.running
+    clock.now = NOW + ran
+    market.end(alloc, JobExit(exit_code=0))
+    return mem, job, alloc, clock, life
+
+
 class MinuteMarket(MemoryProvider):
     billing = PER_SECOND_MIN_60
 
@@ -59,15 +75,8 @@ class HourlyMarket(MemoryProvider):
     (HourlyMarket, timedelta(minutes=61), 7200)], ids=["per-second", "per-second-min-60", "hourly"])
 async def test_the_cost_is_the_price_times_the_time_billed_per_the_markets_granularity(
         store: Store, market: type[MemoryProvider], ran: timedelta, billed: int) -> None:
-    mem, job, alloc = await placed_job(store, usd_per_hour=3.6)
     mine = market("mem", [])
-    mine.held = mem.held
-    clock = Clock()
-    life = JobLifecycle(store, {"mem": mine}, clock=clock)
-    mine.set_state(alloc, AllocationState.running)
-    assert await poll(life, mine, alloc.id) is JobState.running
-    clock.now = NOW + ran
-    mine.end(alloc, JobExit(exit_code=0))
+    _, job, alloc, _, life = await _ended_on(store, mine, 3.6, ran)
     assert await poll(life, mine, alloc.id) is JobState.succeeded
     rec = store.get_allocation(alloc.id)
     assert rec.billed_s == billed and rec.cost_usd == pytest.approx(3.6 * billed / 3600)
@@ -108,15 +117,8 @@ async def _broker_dies_in_release(store: Store, dying_cls: type[MemoryProvider],
         MemoryProvider, MemoryProvider, Job, Allocation, Clock]:
     """A job that ran an hour and ended; the broker died in the release ``dying_cls`` makes. The record still says
     live, with the moment the release began (the mark)."""
-    mem, job, alloc = await placed_job(store, usd_per_hour=usd_per_hour)
     dying = dying_cls("mem", [])
-    dying.held = mem.held
-    clock = Clock()
-    life = JobLifecycle(store, {"mem": dying}, clock=clock)
-    dying.set_state(alloc, AllocationState.running)
-    assert await poll(life, dying, alloc.id) is JobState.running
-    clock.now = NOW + timedelta(hours=1)
-    dying.end(alloc, JobExit(exit_code=0))
+    mem, job, alloc, clock, life = await _ended_on(store, dying, usd_per_hour, timedelta(hours=1))
     with pytest.raises(SystemExit):
         await poll(life, dying, alloc.id)
     rec = store.get_allocation(alloc.id)
@@ -180,15 +182,8 @@ class RecordKeepingMarket(KeepsBillingRecord, MemoryProvider):
 async def test_a_booking_made_while_the_markets_record_was_unreadable_is_booked_again_from_it(store: Store) -> None:
     """The market's billing API failed at the end: the broker's own span is booked for now, marked, and the next
     reconciliation books the market's span instead — the difference into the job's spend, once."""
-    mem, job, alloc = await placed_job(store, usd_per_hour=3.6)
     market = RecordKeepingMarket("mem", [])
-    market.held = mem.held
-    clock = Clock()
-    life = JobLifecycle(store, {"mem": market}, clock=clock)
-    market.set_state(alloc, AllocationState.running)
-    assert await poll(life, market, alloc.id) is JobState.running
-    clock.now = NOW + timedelta(minutes=10)
-    market.end(alloc, JobExit(exit_code=0))
+    _, job, alloc, clock, life = await _ended_on(store, market, 3.6, timedelta(minutes=10))
     # The market billed 10 s less than the broker saw (it started the machine later than the first poll).
     market.record[alloc.resource_ids[0]] = BilledSpan(start=NOW + timedelta(seconds=10),
                                                       end=NOW + timedelta(minutes=10))

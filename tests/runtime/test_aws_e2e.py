@@ -275,35 +275,43 @@ async def test_an_instance_stopped_under_a_running_job_requeues_it_counted_with_
 # SIGTERMs the command (which checkpoints and holds on), and beats the notice into the run-time bucket; the
 # broker's next poll makes the old allocation ``draining`` and requeues the job, whose replacement is placed and
 # runs while the old machine still checkpoints. The replacement resumes from the checkpoint; the old machine, its
-# command done, shuts itself down and is booked as preempted. The checkpoint lives in a directory both
-# "instances" see (this host's; on EC2 it would be the job's ``checkpoint_uri``). Nothing is timed.
+# command done, shuts itself down and is booked as preempted. The checkpoint is an object in moto's S3 under the
+# job's ``LOCKSTEP_CHECKPOINT_URI`` (the same for every attempt). Nothing is timed.
 
-# Counts steps; on SIGTERM (the notice) saves its step and holds until the test lets it go; an attempt that
-# finds a checkpoint resumes from it and ends.
+# Counts steps; saves its step to LOCKSTEP_CHECKPOINT_URI every CKPT_EVERY_S (60 s, the issue's interval) and on
+# SIGTERM (the notice), then holds until the test lets it go; an attempt that finds a checkpoint resumes from it
+# and ends. On EC2 the instance profile gives it S3 access; here the job's environment names moto's.
 WORKLOAD = r'''
 import json, os, signal, sys, time
-d, attempt = os.environ["CKPT_DIR"], os.environ["LOCKSTEP_ATTEMPT"]
-saved = sorted(f for f in os.listdir(d) if f.startswith("ckpt-") and f.endswith(".json"))
-step = json.load(open(os.path.join(d, saved[-1])))["step"] if saved else 0
+import boto3
+bucket, _, prefix = os.environ["LOCKSTEP_CHECKPOINT_URI"].removeprefix("s3://").partition("/")
+s3 = boto3.client("s3")
+d, attempt, every = os.environ["CKPT_DIR"], os.environ["LOCKSTEP_ATTEMPT"], float(os.environ["CKPT_EVERY_S"])
+saved = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", []))
+step = json.loads(s3.get_object(Bucket=bucket, Key=saved[-1])["Body"].read())["step"] if saved else 0
 print("attempt %s starts at step %d" % (attempt, step), flush=True)
 if step:
     print("resumed from step %d" % step, flush=True)
     sys.exit(0)
+def save():
+    s3.put_object(Bucket=bucket, Key="%sckpt-%08d.json" % (prefix, step), Body=json.dumps({"step": step}))
+    print("checkpointed step %d" % step, flush=True)
 def on_term(signum, frame):
     signal.signal(signum, signal.SIG_IGN)  # the tree gets it more than once
-    path = os.path.join(d, "ckpt-%s.json" % attempt)
-    with open(path + ".tmp", "w") as fh:
-        json.dump({"step": step}, fh)
-    os.replace(path + ".tmp", path)
-    print("checkpointed step %d" % step, flush=True)
+    save()
+    open(os.path.join(d, "saved-%s" % attempt), "w").close()
     while not os.path.exists(os.path.join(d, "let-go")):
         time.sleep(0.05)
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
 open(os.path.join(d, "running-%s" % attempt), "w").close()
+last = time.monotonic()
 while True:
     step += 1
     time.sleep(0.01)
+    if time.monotonic() - last >= every:
+        save()
+        last = time.monotonic()
 '''
 
 
@@ -313,8 +321,11 @@ async def test_the_notice_checkpoints_and_the_replacement_runs_before_the_old_ma
     ckpt.mkdir()
     workload = tmp_path / "workload.py"
     workload.write_text(WORKLOAD)
+    moto_s3 = {"AWS_ENDPOINT_URL": broker.endpoint, "AWS_ACCESS_KEY_ID": "testing",
+               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     job = await broker.submit(markets=["spot"], interruptible=True, checkpoint_minutes=1,
-                              command=f"exec {sys.executable} {workload}", env={"CKPT_DIR": str(ckpt)})
+                              command=f"exec {sys.executable} {workload}",
+                              env={"CKPT_DIR": str(ckpt), "CKPT_EVERY_S": "60", **moto_s3})
     job, first = await broker.place(job)
     async with FakeImds() as imds:
         [old] = broker.nodes(first, imds)
@@ -330,7 +341,12 @@ async def test_the_notice_checkpoints_and_the_replacement_runs_before_the_old_ma
         notice = await eventually(lambda: broker.aws.notice(first), lambda n: n is not None,
                                   "the wrapper beats the notice into the bucket")
         assert notice is not None and notice.action == "terminate" and notice.deadline == deadline
-        await eventually(lambda: exists(ckpt / "ckpt-1.json"), bool, "attempt 1 checkpoints on the SIGTERM")
+        await eventually(lambda: exists(ckpt / "saved-1"), bool, "attempt 1 checkpoints on the SIGTERM")
+        where = RunLocation.of(broker.config, INSTALLATION, job.id, first.attempt)
+        bucket, _, prefix = where.checkpoint_uri.removeprefix("s3://").partition("/")
+        listed = s3_client(broker.endpoint).list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+        [key] = [o["Key"] for o in listed]  # one checkpoint in moto's S3: the notice's (no 60 s save yet)
+        assert key.removeprefix(prefix).startswith("ckpt-"), key
 
         await broker.svc.poll_now()
         job = await broker.svc.get_job(job.id)
@@ -363,6 +379,8 @@ async def test_the_notice_checkpoints_and_the_replacement_runs_before_the_old_ma
     assert resumed and int(resumed[0].split()[-1]) > 0, lines
     saved = [ln for ln in out_lines(await broker.aws.job_log(recs[first.id])) if ln.startswith("checkpointed step ")]
     assert saved and int(saved[0].split()[-1]) == int(resumed[0].split()[-1])  # no step lost past the checkpoint
+    body = s3_client(broker.endpoint).get_object(Bucket=bucket, Key=key)["Body"].read()
+    assert json.loads(body) == {"step": int(resumed[0].split()[-1])}  # resumed from the object the notice saved
     print(f"\nnotice -> replacement running: {replaced_s:.1f} s (the wrapper polls the metadata service every "
           f"5 s; the test polls and places at once); steps lost: 0 of {saved[0].split()[-1]}")
     assert [e.to_state for e in job.events].count(JobState.preempted) == 1

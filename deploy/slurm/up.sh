@@ -136,7 +136,9 @@ SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
 MinJobAge=600
 DefMemPerCPU=1000
 SlurmctldTimeout=30
-SlurmdTimeout=60
+# A dead slurmd is DOWN after 30 s (pinged every 10 s): the tests that kill one wait this out; a ping answers
+# in milliseconds even on a loaded 2-core machine.
+SlurmdTimeout=30
 InactiveLimit=0
 KillWait=5
 Waittime=0

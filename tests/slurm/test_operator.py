@@ -67,8 +67,8 @@ async def test_a_node_slurm_reports_not_responding_leaves_the_offers_before_slur
     assert NODE in await offered_nodes(ops)
     try:
         os.kill(slurmd_pid(slurm_cluster, NODE), signal.SIGKILL)
-        # slurmctld pings every SlurmdTimeout/3 (20 s here) and flags the node NOT_RESPONDING ("idle*") at the
-        # first missed ping; DOWN only after SlurmdTimeout (60 s). Each round is one offer refresh.
+        # slurmctld pings every SlurmdTimeout/3 (10 s here) and flags the node NOT_RESPONDING ("idle*") at the
+        # first missed ping; DOWN only after SlurmdTimeout (30 s). Each round is one offer refresh.
         left = await eventually(lambda: offered_nodes(ops), lambda nodes: NODE not in nodes,
                                 f"{NODE} out of the offers", limit_s=120)
         state = slurm_flags(slurm_cluster, NODE)

@@ -292,7 +292,7 @@ async def test_a_node_whose_slurmd_dies_under_a_running_job_requeues_it_counted_
     victim = nodes[1]
     try:
         os.kill(slurmd_pid(slurm_cluster, victim), signal.SIGKILL)
-        # slurmctld notices after SlurmdTimeout (60 s here), marks the node down and requeues the job;
+        # slurmctld notices after SlurmdTimeout (30 s here), marks the node down and requeues the job;
         # each broker poll follows what Slurm says.
         job = await broker.poll_until(job.id, (JobState.pending, JobState.failed, JobState.succeeded),
                                       "the job requeued after its node died", limit_s=240)

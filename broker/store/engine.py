@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
@@ -60,11 +60,93 @@ def make_engine(url: str) -> Engine:
 
         @sa.event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
+            # Sent to the driver directly: SQLAlchemy's statement path costs more than the BEGIN itself.
             mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
-            conn.exec_driver_sql(f"BEGIN {mode}")
+            statement = f"BEGIN {mode}"
+            try:
+                conn.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
+            except engine.dialect.loaded_dbapi.Error as exc:
+                raise _wrapped(conn, statement, (), exc) from exc
 
         return engine
     return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+
+
+def _wrapped(conn: Connection, statement: str, params: Any, exc: Exception) -> BaseException:
+    """A driver's error as SQLAlchemy raises it (``sa.exc.IntegrityError``, ``OperationalError``…), the connection
+    invalidated when the error says it is lost, as SQLAlchemy's own statement path does."""
+    dialect = conn.dialect
+    lost = dialect.is_disconnect(exc, conn.connection.dbapi_connection, None)  # type: ignore[arg-type]
+    if lost:
+        conn.invalidate(exc)
+    return sa.exc.DBAPIError.instance(statement, params, exc, dialect.loaded_dbapi.Error, connection_invalidated=lost,
+                                      dialect=dialect)
+
+
+class JSONText(str):
+    """A JSON value already serialised, by ``json.dumps`` as the JSON type's own bind would: a :class:`Prepared`
+    statement's JSON bind hands it to the driver as it is instead of serialising it again."""
+
+
+def _json_bind(proc: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    def process(value: Any) -> Any:
+        if type(value) is JSONText:
+            return str(value)  # the driver's own str
+        return proc(value) if proc is not None else value
+
+    return process
+
+
+class Prepared:
+    """A hot statement compiled once for one engine's dialect and run on the driver's cursor (:meth:`Database._run`),
+    past SQLAlchemy's per-statement path (its compiled-cache lookup, bind processing, result set-up), which costs
+    several times what the driver's ``execute`` does. What that path does is done here with the same parts, got
+    once: the SQL text as SQLAlchemy compiles it (PostgreSQL's bind casts and all), each bind's value (a literal of
+    the statement, or the parameter of its key) through its column type's own bind processor (the JSON and datetime
+    binds), and each ``RETURNING`` column through its type's result processor (``row``: a dict by column name).
+    Only statements without expanding (``IN``) parameters, one row of parameters at a time."""
+
+    def __init__(self, stmt: Any, dialect: sa.Dialect, column_keys: Sequence[str] | None = None,
+                 returns: Sequence[sa.ColumnElement[Any]] = ()) -> None:
+        compiled = stmt.compile(dialect=dialect, column_keys=list(column_keys) if column_keys is not None else None)
+        self.sql: str = compiled.string
+        self.dialect = dialect
+        by_name = {name: bind for bind, name in compiled.bind_names.items()}
+        names = list(compiled.positiontup or ()) if compiled.positional else list(by_name)
+        assert not any(by_name[n].expanding for n in names), "expanding parameters are not prepared"
+        self.positional = bool(compiled.positional)
+        self.names = names
+        # (name in the SQL, the parameter's key or None for a literal, the literal, the type's bind processor)
+        self.binds: list[tuple[str, str | None, Any, Callable[[Any], Any] | None]] = []
+        for n in names:
+            bind = by_name[n]
+            typ = bind.type.dialect_impl(dialect)
+            proc = typ.bind_processor(dialect)
+            if isinstance(bind.type, sa.JSON) or isinstance(getattr(bind.type, "impl", None), sa.JSON):
+                proc = _json_bind(proc)  # takes JSONText as it is
+            self.binds.append((n, bind.key if bind.required else None, bind.effective_value, proc))
+        self.returns = [(c.name, c.type.dialect_impl(dialect)) for c in returns]
+        self._results: list[tuple[str, Callable[[Any], Any] | None]] | None = None
+
+    def params(self, values: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
+        """The driver's parameters for ``values`` (by key), processed."""
+        got = []
+        for _, key, literal, proc in self.binds:
+            value = values[key] if key is not None else literal
+            got.append(value if proc is None else proc(value))
+        if self.positional:
+            return tuple(got)
+        return dict(zip(self.names, got, strict=True))
+
+    def row(self, cursor: Any, raw: Sequence[Any] | None) -> dict[str, Any] | None:
+        """A ``RETURNING`` row (``raw``, from ``cursor``) by column name, its values as SQLAlchemy would read them."""
+        if raw is None:
+            return None
+        results = self._results
+        if results is None:  # the driver's column types (PostgreSQL's) choose some processors: read at the first row
+            results = self._results = [(name, typ.result_processor(self.dialect, d[1]))
+                                       for (name, typ), d in zip(self.returns, cursor.description, strict=True)]
+        return {name: proc(v) if proc is not None else v for (name, proc), v in zip(results, raw, strict=True)}
 
 
 class Database:
@@ -80,6 +162,7 @@ class Database:
         # writer when the lock frees: with 32 submitters and the placement loop that sleeping was most of
         # a submission's latency. Other processes on the file still meet in the busy handler.
         self._write_turn = threading.RLock() if self.is_sqlite else None
+        self._prepared: dict[tuple[Any, ...], Prepared] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.engine.url.render_as_string(hide_password=True)!r})"
@@ -103,6 +186,36 @@ class Database:
             return
         with self.engine.connect() as conn, conn.begin():
             yield conn
+
+    def _prepare(self, stmt: Any, column_keys: Sequence[str] | None = None,
+                 returns: Sequence[sa.ColumnElement[Any]] = ()) -> Prepared:
+        """``stmt`` (a statement built once, at import) compiled for this engine once, for :meth:`_run`."""
+        key = (stmt, None if column_keys is None else tuple(column_keys))
+        got = self._prepared.get(key)
+        if got is None:
+            got = self._prepared[key] = Prepared(stmt, self.engine.dialect, column_keys, returns)
+        return got
+
+    def _run(self, conn: Connection, prepared: Prepared, values: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Run ``prepared`` with ``values`` on the driver's cursor of ``conn``, in its transaction; the first row
+        it returns (by column name), or None. The engine's ``before_cursor_execute`` and ``after_cursor_execute``
+        listeners hear the statement as through SQLAlchemy's own path (tests/broker/kill_between_writes.py and
+        bench/place.py count writes by them); a driver's error is raised as SQLAlchemy raises it."""
+        params = prepared.params(values)
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            dispatch = conn.dispatch
+            if dispatch.before_cursor_execute:
+                dispatch.before_cursor_execute(conn, cursor, prepared.sql, params, None, False)
+            try:
+                cursor.execute(prepared.sql, params)
+            except conn.dialect.loaded_dbapi.Error as exc:
+                raise _wrapped(conn, prepared.sql, params, exc) from exc
+            if dispatch.after_cursor_execute:
+                dispatch.after_cursor_execute(conn, cursor, prepared.sql, params, None, False)
+            return prepared.row(cursor, cursor.fetchone()) if prepared.returns else None
+        finally:
+            cursor.close()
 
     def _insert_fn(self) -> Any:
         """The dialect's INSERT (for ``on_conflict_do_…``)."""

@@ -35,7 +35,7 @@ from broker.models import (
     billing_start,
     utcnow,
 )
-from broker.store.engine import Database
+from broker.store.engine import Database, JSONText
 from broker.tables import (
     LIVE_ALLOCATION_STATES,
     AllocationRow,
@@ -54,11 +54,14 @@ ALLOCS = table_of(AllocationRow)
 IDEM = table_of(IdempotencyKeyRow)
 LOGS = table_of(JobLogRow)
 # Statements built once (SQLAlchemy then compiles each once): a statement built per call with its values
-# inlined costs more to build and to key its compiled-SQL cache than the write itself.
+# inlined costs more to build and to key its compiled-SQL cache than the write itself. A placement's five
+# (COUNT_ATTEMPT, INSERT_ALLOC, LAUNCH_ALLOC, _move_if's, INSERT_EVENT) are compiled once per engine and run as
+# driver SQL (Database._prepare, _run): SQLAlchemy's per-statement path cost several times the driver's execute.
 INSERT_JOB = JOBS.insert()
 INSERT_EVENT = EVENTS.insert()
 INSERT_IDEM = IDEM.insert()
 INSERT_ALLOC = ALLOCS.insert()
+EVENT_KEYS = ("job_id", "at", "from_state", "to_state", "reason", "data")  # what _insert_event writes
 SELECT_JOB = sa.select(JOBS).where(JOBS.c.id == sa.bindparam("job_key"))
 SELECT_JOB_LOCKED = SELECT_JOB.with_for_update()
 SELECT_EVENTS = sa.select(EVENTS).where(EVENTS.c.job_id == sa.bindparam("job_key")).order_by(EVENTS.c.id)
@@ -90,11 +93,13 @@ assert JobState.provisioning in ALLOWED_TRANSITIONS[JobState.placing]  # what _m
 
 
 @functools.cache
-def _move_if(from_state: JobState, keys: frozenset[str]) -> Any:
-    """``UPDATE jobs SET <keys> WHERE id = :job_key AND state = from_state RETURNING <all but spec>``, built once
-    per set of keys (a placement's are always the same few)."""
+def _move_if(from_state: JobState, keys: frozenset[str]) -> tuple[Any, list[sa.Column[Any]]]:
+    """``UPDATE jobs SET <keys> WHERE id = :job_key AND state = from_state RETURNING <the rest but spec>``, and the
+    columns it returns, built once per set of keys (a placement's are always the same few): what it sets is known
+    without reading it back."""
+    rest = [c for c in JOB_COLUMNS_BUT_SPEC if c.name not in keys]
     return (JOBS.update().where(JOBS.c.id == sa.bindparam("job_key"), JOBS.c.state == from_state.value)
-            .values({k: sa.bindparam(f"v_{k}") for k in keys}).returning(*JOB_COLUMNS_BUT_SPEC))
+            .values({k: sa.bindparam(f"v_{k}") for k in keys}).returning(*rest)), rest
 
 
 # Job fields that transition()/update_job() may set besides the state.
@@ -182,7 +187,9 @@ class JobStore(Database):
     # ------------------------------------------------------------------ jobs: rows
 
     @staticmethod
-    def _job_values(fields: dict[str, Any]) -> dict[str, Any]:
+    def _job_values(fields: dict[str, Any], read: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Checked job fields, their JSON as stored. With ``read`` (for a :class:`Prepared` statement): the JSON
+        fields are serialised here, once (:class:`JSONText`), and ``read`` gets each as it reads back."""
         unknown = set(fields) - JOB_FIELDS
         if unknown:
             raise StoreError(f"not job fields: {', '.join(sorted(unknown))}")
@@ -193,8 +200,14 @@ class JobStore(Database):
                 out["placement"] = p.model_dump(mode="json")
             elif p is not None:
                 out["placement"] = QuoteOption.model_validate(p).model_dump(mode="json")
+            if read is not None and out["placement"] is not None:  # JSON-native (mode="json"): reads back as it is
+                read["placement"] = out["placement"]
+                out["placement"] = JSONText(json.dumps(out["placement"]))
         if "decision" in out:
-            out["decision"] = json.loads(json.dumps(out["decision"] or {}, default=str))
+            text = json.dumps(out["decision"] or {}, default=str)
+            out["decision"] = json.loads(text)
+            if read is not None:
+                read["decision"], out["decision"] = out["decision"], JSONText(text)
         return out
 
     def _events_in(self, conn: Connection, job_id: str) -> list[JobEvent]:
@@ -212,16 +225,18 @@ class JobStore(Database):
         at: datetime,
     ) -> JobEvent:
         """Write one event; returns it as stored."""
-        stored = json.loads(json.dumps(data, default=str)) if data else {}
-        conn.execute(
-            INSERT_EVENT,  # one statement, compiled once: its parameters vary, not its text
+        text = json.dumps(data, default=str) if data else "{}"
+        stored = json.loads(text) if data else {}
+        self._run(  # one statement, compiled once for this engine, run as driver SQL
+            conn,
+            self._prepare(INSERT_EVENT, EVENT_KEYS),
             {
                 "job_id": job_id,
                 "at": at,
                 "from_state": from_state.value if from_state else None,
                 "to_state": to_state.value,
                 "reason": reason,
-                "data": stored,
+                "data": JSONText(text),  # serialised once
             },
         )
         return JobEvent(job_id=job_id, at=as_utc(at), from_state=from_state, to_state=to_state, reason=reason,
@@ -586,13 +601,14 @@ class JobStore(Database):
         ConflictError when the job already holds a live allocation (nothing is written then)."""
         try:
             with self._tx() as conn:
-                attempt = conn.execute(COUNT_ATTEMPT, {"job_key": job_id, "now": utcnow()}).scalar()
-                if attempt is None:
+                counted = self._run(conn, self._prepare(COUNT_ATTEMPT, returns=[JOBS.c.attempts]),
+                                    {"job_key": job_id, "now": utcnow()})
+                if counted is None:
                     raise NotFoundError(f"job {job_id} not found")
-                alloc = build(int(attempt))
+                alloc = build(int(counted["attempts"]))
                 values = alloc.model_dump(mode="python")
                 values["state"] = AllocationState(values["state"]).value
-                conn.execute(INSERT_ALLOC, values)
+                self._run(conn, self._prepare(INSERT_ALLOC, tuple(values)), values)
         except sa.exc.IntegrityError as exc:
             raise ConflictError(f"job {job_id} already holds a live allocation") from exc
         return alloc.model_copy(update={"created_at": as_utc(alloc.created_at), "updated_at": as_utc(alloc.updated_at)})
@@ -613,20 +629,22 @@ class JobStore(Database):
             values["state"] = AllocationState(values["state"]).value
         if "resource_ids" in values:
             values["resource_ids"] = [str(r) for r in values["resource_ids"] or []]
-        job_values = self._job_values(job_fields)
+        read: dict[str, Any] = {}
+        job_values = self._job_values(job_fields, read)
         try:
             with self._tx() as conn:
-                wrote = conn.execute(LAUNCH_ALLOC, {"alloc_key": alloc_id, **values}).first()
+                wrote = self._run(conn, self._prepare(LAUNCH_ALLOC, tuple(values), returns=[ALLOCS.c.state]),
+                                  {"alloc_key": alloc_id, **values})
                 won = wrote is not None
                 if wrote is not None:
-                    state = AllocationState(wrote.state)
+                    state = AllocationState(wrote["state"])
                 else:  # another writer decided first: what did it decide?
                     row = self._alloc_row(conn, alloc_id)
                     state = AllocationState(row.state)
                     if state is AllocationState.failed and not row.resource_ids:
                         # given up by a reconcile (its job requeued): the launch belongs to nobody
                         return LaunchRecord(state, False, None, JobState(self._job_row(conn, job_id).state))
-                job = self._move_placed(conn, job_id, reason, data, job_values, spec)
+                job = self._move_placed(conn, job_id, reason, data, job_values, read, spec)
                 if job is None:  # moved by another writer meanwhile (a cancel, a requeue)
                     return LaunchRecord(state, won, None, JobState(self._job_row(conn, job_id).state))
                 return LaunchRecord(state, won, job, job.state)
@@ -634,17 +652,20 @@ class JobStore(Database):
             raise ConflictError(f"allocation {alloc_id}: its job already holds another live allocation") from exc
 
     def _move_placed(self, conn: Connection, job_id: str, reason: str, data: dict[str, Any] | None,
-                     values: dict[str, Any], spec: JobSpec | None) -> Job | None:
+                     values: dict[str, Any], read: dict[str, Any], spec: JobSpec | None) -> Job | None:
         """placing → provisioning inside the caller's transaction, as one conditional UPDATE and the event's
-        INSERT; the job as written (with only this event), or None when it is no longer placing."""
+        INSERT; the job as written (with only this event), or None when it is no longer placing. ``values``:
+        from :meth:`_job_values` with ``read`` (what its JSON fields read back as)."""
         now = utcnow()
         values = {**values, "state": JobState.provisioning.value, "reason": reason, "updated_at": now}
-        row = conn.execute(_move_if(JobState.placing, frozenset(values)),
-                           {"job_key": job_id, **{f"v_{k}": v for k, v in values.items()}}).first()
-        if row is None:
+        stmt, rest = _move_if(JobState.placing, frozenset(values))
+        got = self._run(conn, self._prepare(stmt, returns=rest),
+                        {"job_key": job_id, **{f"v_{k}": v for k, v in values.items()}})
+        if got is None:
             return None
         event = self._insert_event(conn, job_id, JobState.placing, JobState.provisioning, reason, data, now)
-        got = dict(row._mapping)
+        # The row as now stored: what the UPDATE returned, with what it set on top (not read back).
+        got.update({k: as_utc(v) if isinstance(v, datetime) else v for k, v in values.items()}, **read)
         got["spec"] = spec if spec is not None else self._job_row(conn, job_id).spec
         return _job(got, [event])
 

@@ -5,7 +5,11 @@ must stand; on both stores."""
 
 from __future__ import annotations
 
+import json
+from datetime import datetime, timedelta, timezone
+
 import pytest
+import sqlalchemy as sa
 
 from broker.errors import ConflictError, NotFoundError
 from broker.models import Allocation, AllocationState, Fabric, JobState, Market, QuoteOption
@@ -92,3 +96,34 @@ def test_an_intent_given_up_meanwhile_is_not_overwritten_and_the_job_is_not_move
     assert not record.recorded and record.alloc_state is AllocationState.failed  # type: ignore[attr-defined]
     assert record.job is None and record.job_state is JobState.pending  # type: ignore[attr-defined]
     assert store.get_allocation(alloc.id).resource_ids == []
+
+
+def test_the_driver_sql_writes_and_reads_what_sqlalchemy_would(store: Store) -> None:
+    # A placement's statements run as driver SQL compiled once (broker/store/engine.py's Prepared), their binds and
+    # RETURNING rows processed by hand: the stored text (JSON, datetimes) and the values read back must be what
+    # SQLAlchemy's own path writes and reads, on both stores.
+    from broker.store.engine import JSONText
+    from broker.store.jobs import EVENT_KEYS, EVENTS, INSERT_EVENT, JOBS, SELECT_JOB
+
+    _claimed(store, "j")
+    at = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=timezone(timedelta(hours=2)))
+    data = {"tries": [{"error": "naïve \"quoted\" %s", "at": 1.5e-7}], "n": 3, "none": None, "nested": {"ok": True}}
+    rows = {"sqlalchemy": dict(data), "prepared": dict(data), "serialised once": JSONText(json.dumps(data))}
+    with store._tx() as conn:
+        for reason, stored in rows.items():
+            values = {"job_id": "j", "at": at, "from_state": "placing", "to_state": "placing", "reason": reason,
+                      "data": stored}
+            if reason == "sqlalchemy":
+                conn.execute(INSERT_EVENT, values)
+            else:
+                store._run(conn, store._prepare(INSERT_EVENT, EVENT_KEYS), values)
+        text = "" if store.is_sqlite else "::text"
+        written = {r[0]: r[1:] for r in conn.exec_driver_sql(
+            f"SELECT reason, at{text}, data{text} FROM job_events WHERE reason IN ('sqlalchemy', 'prepared', "
+            "'serialised once')")}
+        assert written["prepared"] == written["sqlalchemy"] == written["serialised once"]
+        by_sqlalchemy = dict(conn.execute(SELECT_JOB, {"job_key": "j"}).one()._mapping)
+        assert store._run(conn, store._prepare(SELECT_JOB, returns=list(JOBS.c)), {"job_key": "j"}) == by_sqlalchemy
+        events = store._prepare(sa.select(EVENTS).where(EVENTS.c.reason == sa.bindparam("why")), returns=list(EVENTS.c))
+        got = store._run(conn, events, {"why": "prepared"})
+        assert got is not None and got["at"] == at and got["at"].tzinfo is not None and got["data"] == data

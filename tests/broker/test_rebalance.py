@@ -28,13 +28,13 @@ from broker.specs import parse_spec
 from broker.store import Store
 from providers.aws import AwsProvider
 
-# The broker's clock starts at the real time (rows the store stamps itself carry the real time) and moves by hand.
-START = datetime.now(UTC).replace(second=0, microsecond=0)
-
 
 class Clock:
+    """The broker's clock: it starts at the real time of the test's own start (rows the store stamps itself carry
+    the real time; a time taken at import would lag a slow suite's later tests) and moves by hand."""
+
     def __init__(self) -> None:
-        self.now = START
+        self.start = self.now = datetime.now(UTC).replace(second=0, microsecond=0)
 
     def __call__(self) -> datetime:
         return self.now
@@ -107,12 +107,12 @@ def instance_state(endpoint: str, instance_id: str) -> str:
 async def test_on_demand_job_moves_back_to_spot_when_spot_returns(broker, aws_faults) -> None:
     svc, clock, endpoint = broker
     spec = parse_spec({**SPEC, "name": "deadline", "workload": {"hours": 4.6},
-                       "deadline": (START + timedelta(hours=5.6)).isoformat()})
+                       "deadline": (clock.start + timedelta(hours=5.6)).isoformat()})
     quote = await svc.quote(spec)
     spot = next(o for o in quote.options if o.market is Market.spot)
     week = market_week()
     assert not week[-34:].any() and week[-35]  # gone for the last 3.4 hours
-    seen_spot(svc.store, spot.zone, spot.sku, week, START)
+    seen_spot(svc.store, spot.zone, spot.sku, week, clock.start)
 
     # Placed: spot first if it can be had, else on-demand (an hour of slack cannot wait out such outages).
     aws_faults.fail("RunInstances", "InsufficientInstanceCapacity", market="spot")
@@ -127,7 +127,7 @@ async def test_on_demand_job_moves_back_to_spot_when_spot_returns(broker, aws_fa
     od = await running(svc, job)
 
     # Ten minutes on, spot still gone (last seen: those refusals): the job stays on on-demand.
-    clock.now = START + timedelta(minutes=10)
+    clock.now = clock.start + timedelta(minutes=10)
     assert await svc.broker.rebalance_running() == []
     assert (await svc.get_job(job.id)).state is JobState.running
 
@@ -141,7 +141,7 @@ async def test_on_demand_job_moves_back_to_spot_when_spot_returns(broker, aws_fa
 
     # Six minutes later the rebalance step moves the deadline job: its on-demand instance is released first
     # (break before make), the job requeued without counting a preemption, and the next pass puts it on spot.
-    clock.now = START + timedelta(minutes=16)
+    clock.now = clock.start + timedelta(minutes=16)
     [moved] = await svc.broker.rebalance_running()
     assert moved.id == job.id and moved.state is JobState.pending and moved.preemptions == 0
     event = [e for e in moved.events if e.from_state is JobState.running][-1]
@@ -161,9 +161,9 @@ async def test_on_demand_job_moves_back_to_spot_when_spot_returns(broker, aws_fa
 
 
 async def test_job_with_slack_waits_for_spot_and_is_placed_when_it_returns(broker, aws_faults) -> None:
-    svc, _, _ = broker
+    svc, clock, _ = broker
     spec = parse_spec({**SPEC, "name": "patient", "workload": {"hours": 10},
-                       "deadline": (START + timedelta(hours=14)).isoformat()})
+                       "deadline": (clock.start + timedelta(hours=14)).isoformat()})
     aws_faults.fail("RunInstances", "InsufficientInstanceCapacity", market="spot")
     job = await svc.submit(spec)
     for _ in range(2):  # two rounds: every spot try refused, and no on-demand tried

@@ -11,10 +11,8 @@ from broker.store import Store
 from broker.tracker import load_preemption_rates, spot_volatility
 from policies.risk import DEFAULT_PREEMPTIONS_PER_HOUR, PRIOR_HOURS, VOLATILITY_WEIGHT
 
-NOW = datetime.now(UTC)  # update_allocation stamps the real time: keep the test in the present
 
-
-def spot(zone: str, price: float, hours_ago: float) -> PricePoint:
+def spot(now: datetime, zone: str, price: float, hours_ago: float) -> PricePoint:
     return PricePoint(
         provider="aws",
         market=Market.spot,
@@ -23,20 +21,23 @@ def spot(zone: str, price: float, hours_ago: float) -> PricePoint:
         region="us-east-1",
         zone=zone,
         usd_per_hour=price,
-        at=NOW - timedelta(hours=hours_ago),
+        at=now - timedelta(hours=hours_ago),
     )
 
 
 def test_volatility_and_preemptions_combine_per_zone(store: Store) -> None:
+    # The test's own start, not the import's: update_allocation stamps the real time, and a slow suite reaches
+    # this test long after its import.
+    now = datetime.now(UTC)
     store.add_price_points(
         [
-            spot("us-east-1a", 10.0, 48),
-            spot("us-east-1a", 20.0, 24),
-            spot("us-east-1a", 10.0, 0),
-            spot("us-east-1b", 10.0, 48),
+            spot(now, "us-east-1a", 10.0, 48),
+            spot(now, "us-east-1a", 20.0, 24),
+            spot(now, "us-east-1a", 10.0, 0),
+            spot(now, "us-east-1b", 10.0, 48),
         ]
     )
-    vol = spot_volatility(store, NOW)
+    vol = spot_volatility(store, now)
     assert vol[("aws", "us-east-1b", "p4d.24xlarge")] == 0.0
     assert vol[("aws", "us-east-1a", "p4d.24xlarge")] == pytest.approx(
         ((2 * 0.6931471805599453**2) / 48) ** 0.5
@@ -44,7 +45,7 @@ def test_volatility_and_preemptions_combine_per_zone(store: Store) -> None:
 
     spec = JobSpec(name="t", gpu=["A100"], gpus=8, workload={"hours": 1})
     job, _ = store.create_job(Job(id="j1", spec=spec))
-    start = NOW - timedelta(hours=30)
+    start = now - timedelta(hours=30)
     store.add_allocation(
         Allocation(
             id="a1",
@@ -58,7 +59,7 @@ def test_volatility_and_preemptions_combine_per_zone(store: Store) -> None:
         )
     )
     store.update_allocation("a1", state=AllocationState.preempted)
-    rates = load_preemption_rates(store, NOW)
+    rates = load_preemption_rates(store, now)
     held = (store.get_allocation("a1").updated_at.astimezone(UTC) - start).total_seconds() / 3600
     assert 30 <= held < 31
     assert rates[("aws", "us-east-1b", "p4d.24xlarge")] == pytest.approx(

@@ -266,7 +266,7 @@ class BrokerLoops:
         if job.state is not JobState.running or not job.spec.interruptible or self.router.deadline(job) is None:
             return None
         _, options = self.router.rank(job, now, unhealthy, held)
-        situation = await asyncio.to_thread(self.router.situation, job, options, now)
+        options, situation = await asyncio.to_thread(self.router.plan_inputs, job, options, now)
         decision = rebalance(job.spec, options, **situation)
         if not decision.allow_spot:  # staying in its own zone's market: is another zone's spot worth the move?
             decision, _ = await self.router.elsewhere(job, options, situation, decision, running_on_demand=True)

@@ -66,6 +66,8 @@ from policies.placement import (
     Route,
     Situation,
     candidates,
+    checkpoint_first,
+    checkpoint_place,
     decide,
     progress_hours,
     spot_elsewhere,
@@ -330,6 +332,16 @@ class Router:
                          restart_minutes=self.settings.broker.restart_minutes,
                          decision_interval_hours=DECISION_INTERVAL_HOURS)
 
+    def plan_inputs(self, job: Job, options: Sequence[QuoteOption], now: datetime, *,
+                    history: Sequence[Allocation] | None = None) -> tuple[list[QuoteOption], Situation]:
+        """The options with the spot ones where the job's checkpoint lies first
+        (``policies.placement.checkpoint_first``: the plan weighs that market, a spot start tries it first,
+        anywhere else is a move), and :meth:`situation` on them. Blocking (store reads) unless ``history``
+        is given."""
+        allocs = self.store.allocations(job.id) if history is None else history
+        ordered = checkpoint_first(options, checkpoint_place(allocs))
+        return ordered, self.situation(job, ordered, now, history=allocs)
+
     def decide(self, job: Job, options: list[QuoteOption], situation: Situation,
                budget_left: float | None, late_onprem: QuoteOption | None = None) -> Decision:
         """``policies.placement.decide`` for a job waiting to be placed (new, requeued, or waiting for spot)."""
@@ -403,7 +415,7 @@ class Router:
                         and budget_left == cap - job.spent_usd else f"tenant {job.tenant}'s budget"),
                     [], {"budget_left_usd": round(budget_left, 2)})
         if self.reads_for_situation(job, options):
-            situation = await self._db(self.situation, job, options, now)
+            options, situation = await self._db(self.plan_inputs, job, options, now)
         else:  # never attempted, no spot market to weigh: nothing to read, no thread hop
             situation = self.situation(job, options, now, history=())
         decision = self.decide(job, options, situation, budget_left, q.late_onprem)

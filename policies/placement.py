@@ -285,6 +285,31 @@ def where(option: QuoteOption) -> str:
     return option.zone or option.region
 
 
+def checkpoint_place(allocations: Iterable[Allocation]) -> str | None:
+    """Where a job's checkpoint and data lie: the zone (else region) of the last of its allocations that ran
+    (``allocations`` in the order they were made; None: none ran, or it ran where no place is recorded)."""
+    place = None
+    for a in allocations:
+        if a.attrs.get("running_since"):
+            place = a.zone or a.region or None
+    return place
+
+
+def checkpoint_first(options: Sequence[QuoteOption], place: str | None) -> list[QuoteOption]:
+    """The options with the spot ones in ``place`` (:func:`checkpoint_place`) ahead of the other spot options,
+    each group in its rank order; every other option keeps its position.
+
+    The first spot option's market is the one the spot plan weighs and the one a spot start tries first, so a
+    job that ran before plans on — and restarts in — the market where its checkpoint lies, and a start in any
+    other place is a move weighed by :func:`spot_elsewhere`, as the multi-zone simulator plans on the
+    checkpoint's zone (broker/simulate/zones.py). A place none of the spot options is in changes nothing."""
+    if place is None:
+        return list(options)
+    spots = [o for o in options if o.market is Market.spot]
+    ordered = iter([o for o in spots if where(o) == place] + [o for o in spots if where(o) != place])
+    return [next(ordered) if o.market is Market.spot else o for o in options]
+
+
 def spot_elsewhere(
     spec: JobSpec,
     options: Sequence[QuoteOption],

@@ -120,3 +120,61 @@ async def test_a_job_running_on_demand_moves_to_another_zones_spot_once_it_pays(
     assert placed and placed[0].placed, placed
     new = [a for a in store.allocations(moved.id) if a.id != od.id]
     assert [(a.zone, a.attrs["market"]) for a in new] == [("z-b", "spot")]
+
+
+async def test_a_preempted_job_restarts_where_its_checkpoint_lies_not_in_the_cheapest_zone(store: Store) -> None:
+    """Placed on spot in z-b (z-a's spot was scarce), the job is preempted; meanwhile z-a's spot, the cheaper, has
+    come up and stayed. The job's checkpoint and data lie in z-b and its spot is up there too: the plan weighs
+    z-b's market as home and the job restarts there (policies.placement.checkpoint_first), not in z-a."""
+    from broker.config import BrokerConfig, Settings
+    from broker.loops import BrokerLoops
+    from broker.market import Marketplace
+    from standins.memory import Clock
+
+    clock = Clock()
+    history(store, "z-a", scarce())
+    history(store, "z-b", [(170.0, 0.0, False)])
+    mem = MemoryProvider("mem", offers())
+    loops = BrokerLoops(Settings(broker=BrokerConfig(installation="mem")), store,
+                        Marketplace({"mem": mem}, clock=clock), clock=clock)
+    await loops.market.refresh()
+    res = await submit_and_place(store, loops.router, markets=["spot", "on_demand"], interruptible=True,
+                                 workload={"hours": 10}, deadline_in="16h", checkpoint_minutes=10)
+    assert res.placed, res.reason
+    [first] = store.allocations(res.job.id)
+    assert (first.zone, first.attrs["market"]) == ("z-b", "spot")
+    mem.set_state(first, AllocationState.running)
+    clock.now = NOW + timedelta(minutes=30)
+    await loops.poll_once()
+    # z-a's spot: another job's instance there has run for the last 20 hours, and runs on
+    store.add_allocation(Allocation(
+        id="calm-z-a", job_id="history-z-a", attempt=99, provider="mem", offer_id="mem:history",
+        state=AllocationState.running, zone="z-a", region="r1", created_at=NOW - timedelta(hours=20),
+        updated_at=clock.now, attrs={"sku": SKU, "market": "spot",
+                                     "running_since": (NOW - timedelta(hours=20)).isoformat()}))
+    mem.set_state(first, AllocationState.preempted)
+    clock.now = NOW + timedelta(minutes=31)
+    await loops.poll_once()
+    assert store.get_job(res.job.id).state is JobState.pending
+    clock.now = NOW + timedelta(minutes=32)
+    placed = await loops.place_pending([res.job.id])
+    assert placed and placed[0].placed, placed
+    again = [a for a in store.allocations(res.job.id) if a.id != first.id]
+    assert [(a.zone, a.attrs["market"]) for a in again] == [("z-b", "spot")], again
+
+
+def test_checkpoint_first_puts_the_checkpoints_spot_ahead_and_keeps_the_rest_in_rank_order() -> None:
+    from policies.book import OfferBook
+    from policies.placement import checkpoint_first, checkpoint_place
+    from policies.ranking import quote
+
+    opts = quote(OfferBook.build(offers()), spec(markets=["spot", "on_demand"]), now=NOW).options
+    assert [(o.zone, o.market.value) for o in opts] == [("z-a", "spot"), ("z-b", "spot"), ("z-a", "on_demand")]
+    ran = Allocation(id="x", job_id="j", provider="mem", zone="z-b", region="r1", created_at=NOW, updated_at=NOW,
+                     attrs={"running_since": NOW.isoformat()})
+    never = ran.model_copy(update={"zone": "z-a", "attrs": {}})
+    assert checkpoint_place([ran, never]) == "z-b"  # the last that ran, not the last made
+    assert checkpoint_place([never]) is None
+    moved = checkpoint_first(opts, "z-b")
+    assert [(o.zone, o.market.value) for o in moved] == [("z-b", "spot"), ("z-a", "spot"), ("z-a", "on_demand")]
+    assert checkpoint_first(opts, "elsewhere") == opts and checkpoint_first(opts, None) == opts

@@ -48,6 +48,21 @@ async def place(store: Store):
                                   workload={"hours": 10}, deadline_in="16h", checkpoint_minutes=10)
 
 
+async def loops_over(store: Store):
+    """The broker's loops over the memory market of ``offers()``, on a clock the test moves."""
+    from broker.config import BrokerConfig, Settings
+    from broker.loops import BrokerLoops
+    from broker.market import Marketplace
+    from standins.memory import Clock
+
+    clock = Clock()
+    mem = MemoryProvider("mem", offers())
+    loops = BrokerLoops(Settings(broker=BrokerConfig(installation="mem")), store,
+                        Marketplace({"mem": mem}, clock=clock), clock=clock)
+    await loops.market.refresh()
+    return clock, mem, loops
+
+
 def test_the_live_router_and_the_simulator_share_the_move() -> None:
     assert broker.simulate.zones.spot_zone_move is policies.spot.spot_zone_move
     assert broker.router.spot_elsewhere.__module__ == "policies.placement"
@@ -89,17 +104,8 @@ async def test_one_zone_is_never_weighed(store: Store) -> None:
 async def test_a_job_running_on_demand_moves_to_another_zones_spot_once_it_pays(store: Store) -> None:
     """The rebalance step, across zones: placed on on-demand while the broker knew nothing of another zone's spot,
     the job is moved (break before make) once it has seen spot run calmly there, and placed there."""
-    from broker.config import BrokerConfig, Settings
-    from broker.loops import BrokerLoops
-    from broker.market import Marketplace
-    from standins.memory import Clock
-
-    clock = Clock()
     history(store, "z-a", scarce())
-    mem = MemoryProvider("mem", offers())
-    loops = BrokerLoops(Settings(broker=BrokerConfig(installation="mem")), store,
-                        Marketplace({"mem": mem}, clock=clock), clock=clock)
-    await loops.market.refresh()
+    clock, mem, loops = await loops_over(store)
     res = await submit_and_place(store, loops.router, markets=["spot", "on_demand"], interruptible=True,
                                  workload={"hours": 10}, deadline_in="11h", checkpoint_minutes=10)
     assert res.placed, res.reason
@@ -126,18 +132,9 @@ async def test_a_preempted_job_restarts_where_its_checkpoint_lies_not_in_the_che
     """Placed on spot in z-b (z-a's spot was scarce), the job is preempted; meanwhile z-a's spot, the cheaper, has
     come up and stayed. The job's checkpoint and data lie in z-b and its spot is up there too: the plan weighs
     z-b's market as home and the job restarts there (policies.placement.checkpoint_first), not in z-a."""
-    from broker.config import BrokerConfig, Settings
-    from broker.loops import BrokerLoops
-    from broker.market import Marketplace
-    from standins.memory import Clock
-
-    clock = Clock()
     history(store, "z-a", scarce())
     history(store, "z-b", [(170.0, 0.0, False)])
-    mem = MemoryProvider("mem", offers())
-    loops = BrokerLoops(Settings(broker=BrokerConfig(installation="mem")), store,
-                        Marketplace({"mem": mem}, clock=clock), clock=clock)
-    await loops.market.refresh()
+    clock, mem, loops = await loops_over(store)
     res = await submit_and_place(store, loops.router, markets=["spot", "on_demand"], interruptible=True,
                                  workload={"hours": 10}, deadline_in="16h", checkpoint_minutes=10)
     assert res.placed, res.reason

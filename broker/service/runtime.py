@@ -46,6 +46,10 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
+# A submission's snapshot-only verdict: the warning ('' for none), or the refusal's message and reasons.
+SnapshotVerdict = tuple[str, tuple[str, dict[str, int]] | None]
+
+
 class BookMemo(Generic[K, V]):
     """Answers worked out on one offer book, reused for ``ttl_s`` seconds: a burst of identical requests (a
     sweep, a retrying client) pays once. A new book (a refresh, a drain, new spot rates) forgets them all;
@@ -151,10 +155,10 @@ class Runtime:
         self._tracker: Tracker | None = None
         self._webhooks: WebhookDispatcher | None = None
         self._unhealthy_cache: tuple[float, dict[tuple[str, str], str]] | None = None
-        # The API's quotes as JSON (OffersService.quote_json), and each spec's feasible price sources (the
-        # snapshot-only warning at submission), reused briefly on the same book.
+        # The API's quotes as JSON (OffersService.quote_json), and each spec's snapshot-only verdict at
+        # submission (the warning, or the refusal's message and reasons), reused briefly on the same book.
         self._quote_texts: BookMemo[tuple[str, int, int | None], str] = BookMemo(QUOTE_REUSE_S)
-        self._sources: BookMemo[str, dict[str, dict[str, int]]] = BookMemo(QUOTE_REUSE_S)
+        self._snapshot_verdicts: BookMemo[str, SnapshotVerdict] = BookMemo(QUOTE_REUSE_S)
 
     # ------------------------------------------------------------------ plumbing
     @property

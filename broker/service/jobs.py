@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from broker.errors import NoFeasibleOption, ProviderError
 from broker.models import (
@@ -18,8 +19,10 @@ from broker.models import (
     OfferSource,
 )
 from broker.service.runtime import Runtime, SnapshotVerdict, new_job_id
-from policies.book import OfferBook
 from providers.registry import how_to_enable
+
+if TYPE_CHECKING:  # policies.book loads numpy: commands that never rank (tokens, jobs) must not pay for it
+    from policies.book import OfferBook
 
 MAX_HINTS = 100_000  # job ids kept for the placement loop's quick passes (broker/loops.py)
 
